@@ -1,0 +1,309 @@
+"""Every message that crosses the bus, defined once.
+
+Fields with defaults may be absent on the wire; a field is only ever added with a default, so
+older receivers keep working. Range checks live in `__post_init__` and raise `ValueError` naming
+the field; the codec turns that into a `ProtocolError` on receipt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ferry.protocol.codec import message
+
+ROLES = ("prefill", "decode")
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How to pick tokens and when to stop. Shared by the gateway, the workers and the engine."""
+
+    max_tokens: int = 16
+    """Most tokens to generate (the prompt excluded)."""
+    min_tokens: int = 0
+    """EOS and stop token ids are suppressed until this many tokens are generated."""
+    temperature: float = 1.0
+    """0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability sums to top_p."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 keeps all."""
+    min_p: float = 0.0
+    """Drop tokens less likely than min_p times the most likely one."""
+    seed: int | None = None
+    """Per-request seed; the result does not depend on the rest of the batch."""
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    """1.0 is off; > 1 discourages tokens already in prompt or output."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings: generation ends before the first occurrence, which is not emitted."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    """None: no logprobs. k >= 0: the sampled token's logprob plus the k most likely."""
+
+    def __post_init__(self) -> None:
+        _require(self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1")
+        _require(self.min_tokens >= 0, "min_tokens", self.min_tokens, "must be >= 0")
+        _require(self.temperature >= 0, "temperature", self.temperature, "must be >= 0")
+        _require(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+        _require(self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 = off)")
+        _require(0 <= self.min_p <= 1, "min_p", self.min_p, "must be in [0, 1]")
+        _require(-2 <= self.presence_penalty <= 2, "presence_penalty", self.presence_penalty, "must be in [-2, 2]")
+        _require(-2 <= self.frequency_penalty <= 2, "frequency_penalty", self.frequency_penalty, "must be in [-2, 2]")
+        _require(self.repetition_penalty > 0, "repetition_penalty", self.repetition_penalty, "must be > 0")
+        _require(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", self.logprobs, "must be in [0, 20]")
+        _require(all(s for s in self.stop), "stop", self.stop, "must not contain empty strings")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(slots=True)
+class GenerateRequest:
+    """One user request as it travels from the gateway through prefill to decode."""
+
+    request_id: str
+    gateway_id: str
+    """Token events go to `ferry.out.<gateway_id>`."""
+    model: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    output_token_ids: list[int] = field(default_factory=list)
+    """Tokens already streamed to the client. After a migration the new worker continues after
+    them: its KV covers prompt + these, and its next event starts at index len(output_token_ids)."""
+    arrival_time: float = 0.0
+    """Unix time at which the gateway accepted the request."""
+    attempt: int = 0
+    """0 for the first try; incremented on every migration."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.request_id), "request_id", self.request_id, "must not be empty")
+        _require(_is_token(self.gateway_id), "gateway_id", self.gateway_id, "must be a subject token")
+        _require(len(self.prompt_token_ids) >= 1, "prompt_token_ids", "[]", "must not be empty")
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+
+@message("submit")
+@dataclass(slots=True)
+class SubmitRequest:
+    """gateway -> prefill-balancer on `ferry.submit` (request/reply)."""
+
+    request: GenerateRequest
+
+
+@message("submit_reply")
+@dataclass(slots=True)
+class SubmitReply:
+    """prefill-balancer -> gateway: accepted, or rejected with a reason."""
+
+    request_id: str
+    accepted: bool
+    worker_id: str = ""
+    reason: str = ""
+    """Why it was rejected: 'overloaded' (HTTP 429), 'no_workers' (503), or a bad-request text."""
+    retry_after_s: float = 0.0
+
+
+@message("prefill_work")
+@dataclass(slots=True)
+class PrefillWork:
+    """prefill-balancer -> prefill worker on JetStream `ferry.work.prefill.<worker>`."""
+
+    request: GenerateRequest
+    routed_at: float = 0.0
+    num_cached_blocks_hint: int = 0
+    """Blocks of the prompt the balancer believed cached (its routing reason; informative)."""
+
+
+@dataclass(slots=True)
+class BlockRef:
+    """One KV block in the store: its chained hash and how many tokens it holds."""
+
+    block_hash: bytes
+    num_tokens: int
+
+    def __post_init__(self) -> None:
+        _require(len(self.block_hash) == 16, "block_hash", len(self.block_hash), "must be 16 bytes")
+        _require(self.num_tokens >= 1, "num_tokens", self.num_tokens, "must be >= 1")
+
+
+@message("handoff")
+@dataclass(slots=True)
+class Handoff:
+    """prefill worker -> decode-balancer (`ferry.handoff`) -> decode worker (`ferry.work.decode.<w>`).
+
+    `request.output_token_ids` already holds the first token. `kv_blocks` cover the KV of the
+    first `num_kv_tokens` tokens of prompt + output, in order; the last block may be partial."""
+
+    request: GenerateRequest
+    prefill_worker_id: str
+    kv_namespace: str
+    """Model fingerprint: blocks of another model never load."""
+    kv_blocks: list[BlockRef]
+    num_kv_tokens: int
+    decode_worker_id: str = ""
+    """Set by the decode-balancer when it routes the hand-off."""
+
+    def __post_init__(self) -> None:
+        total = sum(b.num_tokens for b in self.kv_blocks)
+        _require(total == self.num_kv_tokens, "num_kv_tokens", self.num_kv_tokens,
+                 f"must equal the tokens in kv_blocks ({total})")
+
+
+@message("handoff_reply")
+@dataclass(slots=True)
+class HandoffReply:
+    request_id: str
+    accepted: bool
+    worker_id: str = ""
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top_token_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    """New tokens of one request from one engine step (usually one token; several on catch-up)."""
+
+    request_id: str
+    index: int
+    """Position of token_ids[0] in the request's output; lets the gateway drop duplicates."""
+    token_ids: list[int]
+    text: str = ""
+    """Detokenized text of these tokens (never half a UTF-8 character; stop strings removed)."""
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    """None while running; 'stop', 'length' or 'abort' on the last event."""
+    num_prompt_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.index >= 0, "index", self.index, "must be >= 0")
+        _require(self.finish_reason in (None, *FINISH_REASONS), "finish_reason", self.finish_reason,
+                 f"must be one of {FINISH_REASONS}")
+
+
+@dataclass(slots=True)
+class ErrorEvent:
+    """A request failed somewhere downstream of the gateway."""
+
+    request_id: str
+    code: str
+    """'worker_lost', 'overloaded', 'bad_request', 'internal', 'kv_transfer'."""
+    message: str
+    retryable: bool = False
+
+
+@message("output")
+@dataclass(slots=True)
+class OutputBatch:
+    """worker -> gateway on `ferry.out.<gateway>`: every event for that gateway from one step."""
+
+    worker_id: str
+    tokens: list[TokenEvent] = field(default_factory=list)
+    errors: list[ErrorEvent] = field(default_factory=list)
+
+
+@message("cancel")
+@dataclass(slots=True)
+class Cancel:
+    """gateway -> everyone on `ferry.cancel`: stop these requests and free their blocks."""
+
+    request_ids: list[str]
+    reason: str = "client_disconnected"
+
+
+@message("load")
+@dataclass(slots=True)
+class LoadReport:
+    """worker -> balancers on `ferry.load.<role>.<worker>`, every `interval_s`."""
+
+    worker_id: str
+    role: str
+    model: str
+    kv_namespace: str
+    timestamp: float
+    interval_s: float
+    num_running: int
+    num_waiting: int
+    num_queued_prefill_tokens: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    max_running: int
+    block_size: int = 16
+    draining: bool = False
+    """True while shutting down: route nothing new here."""
+
+    def __post_init__(self) -> None:
+        _require(self.role in ROLES, "role", self.role, f"must be one of {ROLES}")
+        _require(_is_token(self.worker_id), "worker_id", self.worker_id, "must be a subject token")
+        _require(self.kv_blocks_total >= 0, "kv_blocks_total", self.kv_blocks_total, "must be >= 0")
+        _require(self.interval_s > 0, "interval_s", self.interval_s, "must be > 0")
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 1.0
+
+
+@message("kv_event")
+@dataclass(slots=True)
+class KvEvent:
+    """Blocks appeared in or left a pool or the store, on `ferry.kv.events`."""
+
+    kind: str
+    """'stored', 'removed' or 'cleared' (every block of the namespace at `where` is gone)."""
+    kv_namespace: str
+    where: str
+    """'store' for the shared Redis store, else the worker id whose pool changed."""
+    block_hashes: list[bytes] = field(default_factory=list)
+    timestamp: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(self.kind in ("stored", "removed", "cleared"), "kind", self.kind,
+                 "must be 'stored', 'removed' or 'cleared'")
+
+
+@message("kv_lookup")
+@dataclass(slots=True)
+class KvLookup:
+    """Ask the kvcache service how many leading blocks of a chain are stored."""
+
+    kv_namespace: str
+    block_hashes: list[bytes]
+
+
+@message("kv_lookup_reply")
+@dataclass(slots=True)
+class KvLookupReply:
+    num_cached_blocks: int
+
+
+@message("error_reply")
+@dataclass(slots=True)
+class ErrorReply:
+    """What a request/reply endpoint answers when its handler failed or the request was invalid."""
+
+    code: str
+    message: str
+
+
+def _is_token(name: str) -> bool:
+    """A NATS subject token we allow in names: letters, digits, '-' and '_'."""
+    return bool(name) and all(c.isascii() and (c.isalnum() or c in "-_") for c in name)
+
+
+def _require(ok: bool, name: str, value: object, problem: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r} {problem}")

@@ -1,0 +1,1 @@
+"""ferry services: each subpackage is one process (`python -m ferry_services.<name>`)."""
