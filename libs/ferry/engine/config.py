@@ -1,0 +1,49 @@
+"""EngineConfig: how big the KV pool is, how many sequences and tokens one step may take."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BATCHING_MODES = ("dynamic", "static")
+ENGINE_ROLES = ("both", "prefill", "decode")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    block_size: int = 16
+    """Tokens per KV block."""
+    num_kv_blocks: int | None = None
+    """Blocks in the KV pool; None sizes the pool from kv_cache_memory_gb."""
+    kv_cache_memory_gb: float = 1.0
+    """Memory for the KV pool when num_kv_blocks is None."""
+    max_num_seqs: int = 64
+    """Most sequences running at once (the decode batch cap)."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step: decodes (1 each) plus prefill chunks."""
+    enable_prefix_caching: bool = True
+    batching: str = "dynamic"
+    """'dynamic': iteration-level (continuous) batching; 'static': fill a batch, run it to
+    completion, then the next (the baseline)."""
+    role: str = "both"
+    """'prefill': a request stops after its first token and its KV stays pinned for take_prefilled."""
+    device: str = "cpu"
+    dtype: str | None = None
+    """Model dtype; None keeps the checkpoint's."""
+    seed: int = 0
+    """Seed of the engine's generator for requests without their own seed."""
+
+    def __post_init__(self) -> None:
+        _require(self.block_size >= 1, "block_size", self.block_size, "must be >= 1")
+        _require(self.num_kv_blocks is None or self.num_kv_blocks >= 1, "num_kv_blocks",
+                 self.num_kv_blocks, "must be >= 1 or None")
+        _require(self.kv_cache_memory_gb > 0, "kv_cache_memory_gb", self.kv_cache_memory_gb, "must be > 0")
+        _require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "must be >= 1")
+        _require(self.max_num_batched_tokens >= self.max_num_seqs, "max_num_batched_tokens",
+                 self.max_num_batched_tokens, f"must be >= max_num_seqs ({self.max_num_seqs})")
+        _require(self.batching in BATCHING_MODES, "batching", self.batching, f"must be one of {BATCHING_MODES}")
+        _require(self.role in ENGINE_ROLES, "role", self.role, f"must be one of {ENGINE_ROLES}")
+
+
+def _require(ok: bool, name: str, value: object, problem: str) -> None:
+    if not ok:
+        raise ValueError(f"EngineConfig.{name}={value!r}: {problem}")

@@ -1,0 +1,30 @@
+"""Gateway settings, read from `FERRY_*` environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from ferry.settings import ServiceSettings, default_instance_id
+
+
+class GatewaySettings(ServiceSettings):
+    model: str = Field(default="", description="checkpoint folder (config.json + tokenizer.json)")
+    served_model_name: str = Field(default="", description="model name clients use; default: folder name")
+    gateway_id: str = Field(default_factory=default_instance_id, pattern=r"^[A-Za-z0-9_-]+$",
+                            description="names this gateway's ferry.out.<id> subject; unique per replica")
+    http_host: str = Field(default="0.0.0.0")
+    http_port: int = Field(default=8000, ge=0, le=65535)
+    request_timeout_s: float = Field(default=120.0, gt=0,
+                                     description="a request that hears nothing for this long fails")
+    submit_timeout_s: float = Field(default=5.0, gt=0, description="wait for the balancer's answer")
+    max_inflight: int = Field(default=1024, ge=1, description="admission: requests in flight at once")
+    retry_after_s: float = Field(default=1.0, ge=0, description="Retry-After sent with a 429")
+    max_context_len: int = Field(default=0, ge=0,
+                                 description="prompt + max_tokens limit; 0 = the model's max_position_embeddings")
+
+    @property
+    def model_name(self) -> str:
+        """The name clients send in `model`."""
+        return self.served_model_name or Path(self.model).name or "ferry"
