@@ -13,7 +13,7 @@ import socket
 import uuid
 from typing import TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 S = TypeVar("S", bound="ServiceSettings")
@@ -35,6 +35,11 @@ class ServiceSettings(BaseSettings):
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
     log_json: bool = Field(default=False, description="structured JSON log lines")
     metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus /metrics port; 0 = off")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_log_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
 
 class SettingsError(SystemExit):

@@ -81,7 +81,21 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str]:
         return "", f"request body is not valid JSON: {first.get('ctx', {}).get('error', msg)}"
     if first.get("type") == "model_attributes_type" or (not param and first.get("type") == "dict_type"):
         return "", "request body must be a JSON object"
+    alternatives = [_relative(path, param) + str(e.get("msg")) for e in errors[1:]
+                    if _is_under(path := field_path(e.get("loc", ())), param)]
+    if alternatives:  # a union field (prompt, stop, content): say what each accepted form wanted
+        msg = "matches none of the accepted forms: " + "; ".join(dict.fromkeys([msg, *alternatives]))
     return param, msg
+
+
+def _is_under(path: str, param: str) -> bool:
+    return path == param or path.startswith((param + ".", param + "["))
+
+
+def _relative(path: str, param: str) -> str:
+    """'messages[0].content[0].type' under 'messages[0].content' -> '[0].type: '."""
+    rest = path[len(param):].lstrip(".")
+    return f"{rest}: " if rest else ""
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -21,6 +21,8 @@ from ferry.protocol import (
     KvEvent,
     KvLookup,
     KvLookupReply,
+    KvStats,
+    KvStatsRequest,
     LoadReport,
     OutputBatch,
     PrefillWork,
@@ -82,6 +84,10 @@ SAMPLES = {
                         block_hashes=_HASHES[:2], timestamp=1700000002.0),
     "kv_lookup": KvLookup(kv_namespace="llama-fp32-v1-abc", block_hashes=_HASHES),
     "kv_lookup_reply": KvLookupReply(num_cached_blocks=2),
+    "kv_stats_request": KvStatsRequest(kv_namespace="llama-fp32-v1-abc"),
+    "kv_stats": KvStats(num_blocks=3, num_bytes=3000, num_lookups=2, lookup_hit_rate=0.5, num_evictions=1,
+                        degraded=True, max_memory_bytes=1 << 30, eviction_policy="allkeys-lru",
+                        used_memory_bytes=5000, blocks_per_namespace={"llama-fp32-v1-abc": 3}),
     "error_reply": ErrorReply(code="internal", message="handler failed: boom"),
 }
 

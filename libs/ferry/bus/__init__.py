@@ -1,0 +1,23 @@
+"""NATS for ferry services: connect, typed micro services, JetStream work queues, the runner.
+
+See docs/internals.md ("Bus") for the API and the entry-point pattern every service follows.
+"""
+
+from ferry.bus.connect import connect
+from ferry.bus.runner import run_service
+from ferry.bus.service import BusError, EndpointStats, Service
+from ferry.bus.workqueue import (
+    WorkConsumer,
+    WorkItem,
+    delete_work_consumer,
+    ensure_work_consumer,
+    ensure_work_stream,
+    publish_work,
+    work_stream_config,
+)
+
+__all__ = [
+    "connect", "run_service", "BusError", "EndpointStats", "Service", "WorkConsumer", "WorkItem",
+    "delete_work_consumer", "ensure_work_consumer", "ensure_work_stream", "publish_work",
+    "work_stream_config",
+]

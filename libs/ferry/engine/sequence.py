@@ -31,7 +31,9 @@ class Sequence:
     """Tokens found in the prefix cache at the last admission."""
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)
-    """Chained hashes of the leading full blocks (known tokens), parallel to block_ids."""
+    """Chained hashes of the leading full blocks of token_ids (computed or not)."""
+    num_committed_blocks: int = 0
+    """Leading blocks the block manager has marked computed (and offered to the prefix cache)."""
     finish_reason: str | None = None
     num_preemptions: int = 0
     first_scheduled_time: float | None = None

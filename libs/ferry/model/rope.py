@@ -72,12 +72,10 @@ def _yarn(dim: int, theta: float, s: dict[str, Any], max_positions: int) -> tupl
 class Rotary(torch.nn.Module):
     """Precomputes nothing per position: cos/sin come from positions on each call (positions are sparse)."""
 
-    def __init__(self, dim: int, theta: float, scaling: dict[str, Any] | None, max_positions: int,
-                 interleaved: bool = False) -> None:
+    def __init__(self, dim: int, theta: float, scaling: dict[str, Any] | None, max_positions: int) -> None:
         super().__init__()
         inv_freq, self.attention_factor = inv_freq_and_scale(dim, theta, scaling, max_positions)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.interleaved = interleaved
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, dim/2]

@@ -23,6 +23,8 @@ from ferry.protocol.messages import (
     KvEvent,
     KvLookup,
     KvLookupReply,
+    KvStats,
+    KvStatsRequest,
     LoadReport,
     OutputBatch,
     PrefillWork,
@@ -37,6 +39,6 @@ __all__ = [
     "subjects", "HASH_BYTES", "ROOT_HASH", "hash_block", "hash_full_blocks", "MAX_MESSAGE_BYTES",
     "PROTOCOL_VERSION", "ProtocolError", "decode", "encode", "message_types", "FINISH_REASONS",
     "ROLES", "BlockRef", "Cancel", "ErrorEvent", "ErrorReply", "GenerateRequest", "Handoff",
-    "HandoffReply", "KvEvent", "KvLookup", "KvLookupReply", "LoadReport", "OutputBatch",
-    "PrefillWork", "SamplingParams", "SubmitReply", "SubmitRequest", "TokenEvent", "TokenLogprob",
+    "HandoffReply", "KvEvent", "KvLookup", "KvLookupReply", "KvStats", "KvStatsRequest", "LoadReport",
+    "OutputBatch", "PrefillWork", "SamplingParams", "SubmitReply", "SubmitRequest", "TokenEvent", "TokenLogprob",
 ]

@@ -290,6 +290,38 @@ class KvLookupReply:
     num_cached_blocks: int
 
 
+@message("kv_stats_request")
+@dataclass(slots=True)
+class KvStatsRequest:
+    """Ask the kvcache service what the store holds, on `ferry.kv.stats`."""
+
+    kv_namespace: str = ""
+    """'' for every namespace."""
+
+
+@message("kv_stats")
+@dataclass(slots=True)
+class KvStats:
+    """kvcache service -> asker: what the store holds and how it is doing."""
+
+    num_blocks: int
+    num_bytes: int
+    """Bytes of the stored block values (headers included)."""
+    num_lookups: int = 0
+    lookup_hit_rate: float = 0.0
+    """Leading blocks found / blocks asked, over the lookups this service answered."""
+    num_evictions: int = 0
+    """Blocks Redis evicted (maxmemory) since the service started."""
+    degraded: bool = False
+    """True while Redis is unreachable; lookups then answer an ErrorReply."""
+    max_memory_bytes: int = 0
+    """Redis `maxmemory`; 0 = unlimited."""
+    eviction_policy: str = ""
+    used_memory_bytes: int = 0
+    """Redis `used_memory`, everything included."""
+    blocks_per_namespace: dict[str, int] = field(default_factory=dict)
+
+
 @message("error_reply")
 @dataclass(slots=True)
 class ErrorReply:

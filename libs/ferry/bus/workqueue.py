@@ -1,0 +1,168 @@
+"""JetStream work queues: stream FERRY_WORK and one durable pull consumer per worker.
+
+Balancers publish a worker's work to `ferry.work.<role>.<worker>`; the stream keeps it (work-queue
+retention: a message is deleted once acked) until that worker pulls it. Pulling, not pushing, is
+what lets a worker take a *variable-size batch*: as many requests as its token budget allows right
+now. A message not acked within `ack_wait_s` is redelivered, at most `max_deliver` times, so work
+held by a worker that died comes back (the gateway's migration handles the request itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError, NotFoundError
+
+from ferry.protocol import MAX_MESSAGE_BYTES, ProtocolError, decode, encode, subjects
+
+log = logging.getLogger("ferry.bus")
+
+M = TypeVar("M")
+
+WORK_MAX_AGE_S = 3600.0
+"""Work nobody pulled within an hour is dropped: its client gave up long ago."""
+STREAM_EXISTS_ERR_CODE = 10058  # "stream name already in use with a different configuration"
+
+
+def work_stream_config(storage: StorageType = StorageType.FILE) -> StreamConfig:
+    return StreamConfig(
+        name=subjects.WORK_STREAM,
+        subjects=[subjects.WORK_ALL],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=storage,
+        discard=DiscardPolicy.OLD,
+        max_age=WORK_MAX_AGE_S,
+        max_msg_size=MAX_MESSAGE_BYTES,
+        description="ferry: queued prefill/decode work, one subject per worker",
+    )
+
+
+async def ensure_work_stream(js: JetStreamContext, storage: StorageType = StorageType.FILE) -> None:
+    """Create FERRY_WORK, or bring an existing one to this configuration. Safe to call from every process."""
+    config = work_stream_config(storage)
+    try:
+        await js.add_stream(config)
+    except BadRequestError as exc:
+        if exc.err_code != STREAM_EXISTS_ERR_CODE:
+            raise
+        await js.update_stream(config)
+
+
+async def publish_work(js: JetStreamContext, role: str, worker_id: str, msg: Any, timeout_s: float = 5.0) -> int:
+    """Queue `msg` for one worker; returns its stream sequence once JetStream has stored it."""
+    ack = await js.publish(subjects.work(role, worker_id), encode(msg), timeout=timeout_s,
+                           stream=subjects.WORK_STREAM)
+    return ack.seq
+
+
+@dataclass(slots=True)
+class WorkItem(Generic[M]):
+    """One pulled message: settle it with exactly one of ack / nak / term (in_progress extends the lease)."""
+
+    msg: M
+    raw: Msg
+    num_delivered: int
+    """1 on the first delivery; more means an earlier holder did not ack in time."""
+
+    async def ack(self) -> None:
+        await self.raw.ack()
+
+    async def nak(self, delay_s: float | None = None) -> None:
+        """Give it back for redelivery (after `delay_s`), e.g. when this worker is draining."""
+        await self.raw.nak(delay=delay_s)
+
+    async def in_progress(self) -> None:
+        """Still working on it: restart the ack_wait timer."""
+        await self.raw.in_progress()
+
+    async def term(self) -> None:
+        """Never redeliver it."""
+        await self.raw.term()
+
+
+class WorkConsumer:
+    """A worker's bound pull subscription on its durable consumer."""
+
+    def __init__(self, psub: JetStreamContext.PullSubscription, name: str) -> None:
+        self._psub = psub
+        self.name = name
+        self.num_bad = 0
+        """Messages that did not decode; terminated, never returned."""
+
+    async def fetch(self, max_msgs: int, msg_type: type[M], timeout_s: float = 0.05) -> list[WorkItem[M]]:
+        """Up to `max_msgs` of what is queued now; waits at most `timeout_s` for the first, else []."""
+        if max_msgs < 1:
+            raise ValueError(f"max_msgs={max_msgs!r} must be >= 1")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s={timeout_s!r} must be > 0")
+        try:
+            raws = await self._psub.fetch(batch=max_msgs, timeout=timeout_s)
+        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            return []
+        items = []
+        for raw in raws:
+            item = await self._decode(raw, msg_type)
+            if item is not None:
+                items.append(item)
+        return items
+
+    async def _decode(self, raw: Msg, msg_type: type[M]) -> WorkItem[M] | None:
+        try:
+            msg = decode(raw.data, msg_type)
+        except ProtocolError as exc:
+            self.num_bad += 1
+            log.warning("%s: dropping bad work message on %s: %s", self.name, raw.subject, exc)
+            await raw.term()
+            return None
+        return WorkItem(msg=msg, raw=raw, num_delivered=raw.metadata.num_delivered)
+
+    async def close(self) -> None:
+        """Stop pulling; the durable consumer and its queued work stay on the server."""
+        await self._psub.unsubscribe()
+
+
+async def ensure_work_consumer(
+    js: JetStreamContext, role: str, worker_id: str, ack_wait_s: float = 30.0, max_deliver: int = 5
+) -> WorkConsumer:
+    """Create (or update) the worker's durable pull consumer and bind to it."""
+    if ack_wait_s <= 0:
+        raise ValueError(f"ack_wait_s={ack_wait_s!r} must be > 0")
+    if max_deliver < 1:
+        raise ValueError(f"max_deliver={max_deliver!r} must be >= 1")
+    name = subjects.work_consumer(role, worker_id)
+    config = ConsumerConfig(
+        name=name,
+        durable_name=name,
+        filter_subject=subjects.work(role, worker_id),
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=ack_wait_s,
+        max_deliver=max_deliver,
+        description=f"ferry {role} worker {worker_id}",
+    )
+    await js.add_consumer(subjects.WORK_STREAM, config)  # with a name: create, or update if it exists
+    psub = await js.pull_subscribe_bind(durable=name, stream=subjects.WORK_STREAM)
+    return WorkConsumer(psub, name)
+
+
+async def delete_work_consumer(js: JetStreamContext, role: str, worker_id: str) -> bool:
+    """Remove a worker's durable consumer; False if it did not exist. Its queued messages stay in the stream."""
+    try:
+        return await js.delete_consumer(subjects.WORK_STREAM, subjects.work_consumer(role, worker_id))
+    except NotFoundError:
+        return False

@@ -1,0 +1,189 @@
+"""KV block accounting: reference counts, chained-hash prefix cache, LRU eviction. No torch.
+
+A block holds `block_size` tokens of KV. A full block whose KV is computed is named by the
+chained hash of its prefix (ferry.protocol.hash_block) and stays findable after its last owner
+frees it, until a fresh allocation evicts it (least recently freed first). Full prompt blocks
+are named at allocation, before their KV exists ("pending"): a second sequence that would hit a
+pending block waits one step instead of computing the same prefix again.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ferry.protocol import hash_block
+
+from ferry.engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    block_ids: list[int]
+    """Cached, computed blocks that cover the sequence's leading tokens."""
+    is_pending: bool
+    """The next block is being computed by another sequence right now: better to wait."""
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks={num_blocks}, block_size={block_size}: both must be >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._ref_counts = [0] * num_blocks
+        self._hashes: list[bytes | None] = [None] * num_blocks
+        self._is_computed = [False] * num_blocks
+        self._hash_to_block: dict[bytes, int] = {}
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        """Blocks nobody holds; the front is evicted first."""
+        self._stored: list[bytes] = []
+        self._removed: list[bytes] = []
+        self.num_hit_tokens = 0
+        """Tokens served from the prefix cache at admissions, since start."""
+
+    # ---- queries -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Computed blocks findable by hash (held or free)."""
+        return sum(1 for b in self._hash_to_block.values() if self._is_computed[b])
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref_counts[block_id]
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def drain_events(self) -> tuple[list[bytes], list[bytes]]:
+        """(stored, removed) hashes of computed cached blocks since the last call."""
+        stored, removed = self._stored, self._removed
+        self._stored, self._removed = [], []
+        return stored, removed
+
+    # ---- admission -----------------------------------------------------------------------
+    def match_prefix(self, seq: Sequence) -> PrefixMatch:
+        if not self.enable_prefix_caching:
+            return PrefixMatch([], False)
+        self._extend_hashes(seq)
+        max_hits = (seq.num_tokens - 1) // self.block_size  # leave >= 1 token to compute logits
+        hits: list[int] = []
+        for block_hash in seq.block_hashes[:max_hits]:
+            block_id = self._hash_to_block.get(block_hash)
+            if block_id is None:
+                break
+            if not self._is_computed[block_id]:
+                return PrefixMatch(hits, True)
+            hits.append(block_id)
+        return PrefixMatch(hits, False)
+
+    def allocate(self, seq: Sequence, match: PrefixMatch | None = None) -> bool:
+        """Give `seq` blocks for all its tokens, reusing `match`; False (nothing changed) if short."""
+        assert not seq.block_ids, f"{seq.request_id} already holds blocks"
+        hits = match.block_ids if match else []
+        num_new = self.blocks_for(seq.num_tokens) - len(hits)
+        num_hits_free = sum(1 for b in hits if self._ref_counts[b] == 0)
+        if num_new > len(self._free) - num_hits_free:
+            return False
+        for block_id in hits:
+            if self._ref_counts[block_id] == 0:
+                del self._free[block_id]
+            self._ref_counts[block_id] += 1
+        seq.block_ids = hits + [self._take_fresh() for _ in range(num_new)]
+        seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
+        seq.num_committed_blocks = len(hits)
+        self.num_hit_tokens += seq.num_cached_tokens
+        self._name_pending(seq)
+        return True
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Make room for `num_new_tokens` more tokens after the computed ones; False if short."""
+        num_needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_ids)
+        if num_needed > len(self._free):
+            return False
+        for _ in range(num_needed):
+            seq.block_ids.append(self._take_fresh())
+        return True
+
+    # ---- progress and release ------------------------------------------------------------
+    def commit(self, seq: Sequence) -> None:
+        """Mark the blocks filled by computed tokens as computed and offer them to the cache."""
+        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_ids))
+        if num_full <= seq.num_committed_blocks:
+            return
+        if self.enable_prefix_caching:
+            self._extend_hashes(seq)
+        for i in range(seq.num_committed_blocks, num_full):
+            block_id = seq.block_ids[i]
+            if self._is_computed[block_id]:
+                continue
+            self._is_computed[block_id] = True
+            if self.enable_prefix_caching:
+                self._name(block_id, seq.block_hashes[i])
+                if self._hashes[block_id] is not None:
+                    self._stored.append(seq.block_hashes[i])
+        seq.num_committed_blocks = num_full
+
+    def free(self, seq: Sequence) -> None:
+        """Release every block of `seq`; tail blocks become the first to be evicted."""
+        for block_id in reversed(seq.block_ids):
+            self._ref_counts[block_id] -= 1
+            assert self._ref_counts[block_id] >= 0, f"block {block_id} freed twice"
+            if self._ref_counts[block_id] == 0:
+                self._release(block_id)
+        seq.block_ids = []
+        seq.num_committed_blocks = 0
+
+    # ---- internals -----------------------------------------------------------------------
+    def _extend_hashes(self, seq: Sequence) -> None:
+        size, hashes, tokens = self.block_size, seq.block_hashes, seq.token_ids
+        for i in range(len(hashes), len(tokens) // size):
+            parent = hashes[i - 1] if i else None
+            hashes.append(hash_block(parent, tokens[i * size : (i + 1) * size]))
+
+    def _name_pending(self, seq: Sequence) -> None:
+        """Name the new full blocks now, so a twin prompt waits for them instead of recomputing."""
+        if not self.enable_prefix_caching:
+            return
+        for i in range(seq.num_committed_blocks, min(len(seq.block_hashes), len(seq.block_ids))):
+            self._name(seq.block_ids[i], seq.block_hashes[i])
+
+    def _name(self, block_id: int, block_hash: bytes) -> None:
+        if self._hashes[block_id] is None and block_hash not in self._hash_to_block:
+            self._hashes[block_id] = block_hash
+            self._hash_to_block[block_hash] = block_id
+
+    def _take_fresh(self) -> int:
+        block_id, _ = self._free.popitem(last=False)
+        block_hash = self._hashes[block_id]
+        if block_hash is not None:
+            del self._hash_to_block[block_hash]
+            self._removed.append(block_hash)
+            self._hashes[block_id] = None
+        self._is_computed[block_id] = False
+        self._ref_counts[block_id] = 1
+        return block_id
+
+    def _release(self, block_id: int) -> None:
+        block_hash = self._hashes[block_id]
+        if block_hash is not None and self._is_computed[block_id]:
+            self._free[block_id] = None  # most recently used end
+            return
+        if block_hash is not None:  # named but never computed: forget the name
+            del self._hash_to_block[block_hash]
+            self._hashes[block_id] = None
+        self._is_computed[block_id] = False
+        self._free[block_id] = None
+        self._free.move_to_end(block_id, last=False)

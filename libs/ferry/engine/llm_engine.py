@@ -1,0 +1,186 @@
+"""LLMEngine: add requests, step, get outputs. One step = schedule -> run the model -> postprocess.
+
+Roles: 'both' runs requests start to finish; 'prefill' stops a request after its first token and
+pins its KV until take_prefilled(); 'decode' (or any role) admits sequences whose KV arrives from
+outside with add_prefilled(). No NATS, no Redis: the workers wrap this.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from ferry.engine.block_manager import BlockManager
+from ferry.engine.config import EngineConfig
+from ferry.engine.outputs import EngineStats, PrefilledKV, RequestOutput
+from ferry.engine.request_state import RequestState
+from ferry.engine.runner import ModelRunner
+from ferry.engine.sampler import sample
+from ferry.engine.scheduler import ScheduledBatch, Scheduler
+from ferry.engine.sequence import Sequence
+from ferry.model import LoadedModel, load_model
+from ferry.protocol import SamplingParams
+
+
+class LLMEngine:
+    def __init__(self, lm: LoadedModel, config: EngineConfig | None = None) -> None:
+        self.lm = lm
+        self.config = config = config or EngineConfig()
+        num_blocks = config.num_kv_blocks or self._blocks_for_memory(lm, config)
+        self.runner = ModelRunner(lm, num_blocks, config.block_size, config.device)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   static_batching=config.batching == "static")
+        self.max_model_len = lm.config.max_position_embeddings
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self._requests: dict[str, RequestState] = {}
+        self._pinned: dict[str, RequestState] = {}
+        self._num_computed_tokens = self._num_steps = self._num_generated = self._num_scheduled = 0
+
+    @classmethod
+    def from_model_path(cls, path: str | Path, config: EngineConfig | None = None) -> "LLMEngine":
+        config = config or EngineConfig()
+        return cls(load_model(path, device=config.device, dtype=config.dtype), config)
+
+    @property
+    def tokenizer(self):
+        return self.lm.tokenizer
+
+    # ---- requests ----------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                    output_token_ids: list[int] | tuple[int, ...] = (), arrival_time: float | None = None) -> None:
+        state = self._new_state(request_id, prompt_token_ids, output_token_ids, sampling, arrival_time)
+        self._requests[request_id] = state
+        self.scheduler.add(state.seq)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Drop a request wherever it is and free its blocks now; None if unknown or finished."""
+        state = self._requests.pop(request_id, None) or self._pinned.pop(request_id, None)
+        if state is None:
+            return None
+        self.scheduler.remove(state.seq)  # pinned sequences are detached already: this frees them
+        return state.abort()
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    # ---- one step ----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if batch.is_empty:
+            return []
+        logits = self.runner.run(batch)  # [B, vocab]
+        self.scheduler.update(batch)
+        self._count(batch)
+        return self._postprocess(batch, logits)
+
+    def _postprocess(self, batch: ScheduledBatch, logits: torch.Tensor) -> list[RequestOutput]:
+        rows = [i for i, s in enumerate(batch.seqs) if s.num_computed_tokens == s.num_tokens]
+        if not rows:
+            return []
+        states = [self._requests[batch.seqs[i].request_id] for i in rows]
+        result = sample(logits[rows], [s.sample_request() for s in states], self.generator)
+        outputs = []
+        for state, token_id, logprob in zip(states, result.token_ids, result.logprobs):
+            outputs.append(state.append(token_id, logprob))
+            if state.seq.finish_reason is not None:
+                self._finish(state)
+            elif self.config.role == "prefill":
+                self._pin(state)
+        self._num_generated += len(outputs)
+        return outputs
+
+    def _finish(self, state: RequestState) -> None:
+        del self._requests[state.seq.request_id]
+        self.scheduler.remove(state.seq)
+
+    def _pin(self, state: RequestState) -> None:
+        del self._requests[state.seq.request_id]
+        self.scheduler.detach(state.seq)
+        self._pinned[state.seq.request_id] = state
+
+    def _count(self, batch: ScheduledBatch) -> None:
+        self._num_steps += 1
+        self._num_scheduled += len(batch.seqs)
+        self._num_computed_tokens += sum(batch.num_new_tokens)
+
+    # ---- disaggregated prefill / decode ------------------------------------------------------
+    def take_prefilled(self, request_id: str) -> PrefilledKV:
+        """The KV of a prefill-role request after its first token; its blocks are released."""
+        state = self._pinned.pop(request_id)
+        seq = state.seq
+        num_tokens = seq.num_computed_tokens
+        block_ids = seq.block_ids[: self.block_manager.blocks_for(num_tokens)]
+        data = self.runner.kv.read_blocks(block_ids)
+        hashes = seq.block_hashes[: num_tokens // self.config.block_size]
+        self.block_manager.free(seq)
+        return PrefilledKV(block_ids, hashes, num_tokens, data)
+
+    def can_admit(self, num_tokens: int) -> bool:
+        """Room for a sequence of num_tokens (+1 to decode) now, in blocks and in the batch cap."""
+        num_seqs = len(self.scheduler.running) + len(self.scheduler.waiting)
+        return (num_seqs < self.config.max_num_seqs
+                and self.block_manager.blocks_for(num_tokens + 1) <= self.block_manager.num_free_blocks)
+
+    def add_prefilled(self, request_id: str, prompt_token_ids: list[int], output_token_ids: list[int],
+                      sampling: SamplingParams, kv_data: torch.Tensor, num_kv_tokens: int) -> None:
+        """Join a sequence whose first num_kv_tokens tokens' KV is kv_data [n, *block_shape]."""
+        state = self._new_state(request_id, prompt_token_ids, output_token_ids, sampling, None)
+        seq = state.seq
+        num_kv_blocks = self.block_manager.blocks_for(num_kv_tokens)
+        if not 1 <= num_kv_tokens < seq.num_tokens:
+            raise ValueError(f"num_kv_tokens={num_kv_tokens}: must be in [1, {seq.num_tokens - 1}]")
+        if kv_data.shape[0] != num_kv_blocks:
+            raise ValueError(f"kv_data: {kv_data.shape[0]} blocks, {num_kv_tokens} tokens need {num_kv_blocks}")
+        if not self.block_manager.allocate(seq):
+            raise RuntimeError(f"{request_id}: no room for {seq.num_tokens} tokens (check can_admit first)")
+        self.runner.kv.write_blocks(seq.block_ids[:num_kv_blocks], kv_data)
+        seq.num_computed_tokens = num_kv_tokens
+        self.block_manager.commit(seq)
+        self._requests[request_id] = state
+        self.scheduler.add_running(seq)
+
+    def drain_kv_events(self) -> tuple[list[bytes], list[bytes]]:
+        return self.block_manager.drain_events()
+
+    # ---- introspection -----------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        sched, bm = self.scheduler, self.block_manager
+        return EngineStats(
+            num_running=len(sched.running), num_waiting=len(sched.waiting),
+            num_queued_prefill_tokens=sched.num_queued_prefill_tokens(),
+            kv_blocks_used=bm.num_used_blocks, kv_blocks_total=bm.num_blocks,
+            num_computed_tokens=self._num_computed_tokens, num_cached_tokens=bm.num_hit_tokens,
+            num_preemptions=sched.num_preemptions, num_steps=self._num_steps,
+            num_generated_tokens=self._num_generated, num_pinned=len(self._pinned),
+            mean_batch_size=self._num_scheduled / max(self._num_steps, 1),
+        )
+
+    # ---- internals ---------------------------------------------------------------------------
+    def _new_state(self, request_id: str, prompt_token_ids: list[int], output_token_ids, sampling: SamplingParams,
+                   arrival_time: float | None) -> RequestState:
+        if request_id in self._requests or request_id in self._pinned:
+            raise ValueError(f"request_id={request_id!r}: already in the engine")
+        if not prompt_token_ids:
+            raise ValueError("prompt_token_ids: must not be empty")
+        tokens = list(prompt_token_ids) + list(output_token_ids)
+        if len(tokens) >= self.max_model_len:
+            raise ValueError(f"prompt_token_ids: {len(tokens)} tokens leave no room in the model's "
+                             f"{self.max_model_len}-token context")
+        seq = Sequence(request_id, tokens, len(prompt_token_ids), sampling,
+                       arrival_time=time.time() if arrival_time is None else arrival_time,
+                       num_prior_output_tokens=len(output_token_ids))
+        state = RequestState(seq, self.lm.tokenizer, self.lm.eos_token_ids, self.max_model_len)
+        if state.finished_before_start:
+            raise ValueError(f"sampling.max_tokens={sampling.max_tokens}: already reached by output_token_ids")
+        if self.block_manager.blocks_for(state.max_num_tokens) > self.block_manager.num_blocks:
+            raise ValueError(f"sampling.max_tokens={sampling.max_tokens}: prompt + output need more KV blocks "
+                             f"than the pool's {self.block_manager.num_blocks}")
+        return state
+
+    @staticmethod
+    def _blocks_for_memory(lm: LoadedModel, config: EngineConfig) -> int:
+        per_block = ModelRunner.block_bytes(lm, config.block_size)
+        return max(1, int(config.kv_cache_memory_gb * 2**30 // per_block))

@@ -1,0 +1,41 @@
+"""ModelRunner: turns a scheduled batch into one forward pass over the paged KV cache."""
+
+from __future__ import annotations
+
+import torch
+
+from ferry.engine.scheduler import ScheduledBatch
+from ferry.model import AttentionMetadata, LoadedModel
+
+
+class ModelRunner:
+    def __init__(self, lm: LoadedModel, num_blocks: int, block_size: int, device: str = "cpu") -> None:
+        self.lm = lm
+        self.device = device
+        self.block_size = block_size
+        self.kv = lm.model.make_kv_cache(num_blocks, block_size, device)
+
+    def run(self, batch: ScheduledBatch) -> torch.Tensor:
+        """-> [B, vocab] float32 logits of each scheduled sequence's last new token."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        context_lens: list[int] = []
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+            start = seq.num_computed_tokens
+            input_ids.extend(seq.token_ids[start : start + num_new])
+            positions.extend(range(start, start + num_new))
+            context_lens.append(start)
+        meta = AttentionMetadata.build(batch.num_new_tokens, context_lens, [s.block_ids for s in batch.seqs],
+                                       self.block_size, self.device)
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)  # [T]
+        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)  # [T]
+        return self.lm.model(ids, pos, meta, self.kv)
+
+    @staticmethod
+    def block_bytes(lm: LoadedModel, block_size: int) -> int:
+        """Bytes one KV block takes, to size the pool from a memory budget."""
+        probe = lm.model.make_kv_cache(1, block_size, "cpu")
+        numel = 1
+        for dim in probe.block_shape:
+            numel *= dim
+        return numel * probe.dtype.itemsize

@@ -1,0 +1,132 @@
+"""Sampler: logits of the batch's last tokens -> next token ids (and logprobs) for each sequence.
+
+Every transformation is row-wise, so a sequence's token never depends on which other sequences
+share the batch. A seeded request draws its noise from its own generator, reseeded from
+(seed, output position): the same seed gives the same tokens alone, in any batch, and after a
+preemption. Sampling uses the exponential-race trick (argmax of p / Exp(1) noise, which picks
+token i with probability p_i) so the draw is one vector op and one host sync per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ferry.protocol import SamplingParams, TokenLogprob
+
+
+@dataclass(slots=True)
+class SampleRequest:
+    """What the sampler needs to know about one sequence."""
+
+    sampling: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    blocked_token_ids: tuple[int, ...] = ()
+    """Tokens not allowed now (EOS and stop ids before min_tokens)."""
+
+
+@dataclass(slots=True)
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+
+
+_SEED_MASK = (1 << 63) - 1
+
+
+def sample(logits: torch.Tensor, requests: list[SampleRequest],
+           generator: torch.Generator | None = None) -> SampleResult:
+    """logits: [B, V] float32, one row per request."""
+    raw = logits
+    logits = logits.float().clone()  # [B, V]
+    _apply_penalties(logits, requests)
+    _block_tokens(logits, requests)
+    greedy_ids = logits.argmax(dim=-1)  # [B]
+    random_rows = [i for i, r in enumerate(requests) if not r.sampling.is_greedy]
+    if random_rows:
+        picked = _sample_random(logits[random_rows], [requests[i] for i in random_rows], generator)
+        greedy_ids[random_rows] = picked
+    token_ids = greedy_ids.tolist()
+    return SampleResult(token_ids, _logprobs(raw, requests, token_ids))
+
+
+def _apply_penalties(logits: torch.Tensor, requests: list[SampleRequest]) -> None:
+    vocab = logits.shape[-1]
+    for i, req in enumerate(requests):
+        sp = req.sampling
+        if sp.repetition_penalty != 1.0:
+            seen = torch.tensor(req.prompt_token_ids + req.output_token_ids, dtype=torch.int64).unique()
+            row = logits[i, seen]
+            logits[i, seen] = torch.where(row > 0, row / sp.repetition_penalty, row * sp.repetition_penalty)
+        if (sp.presence_penalty or sp.frequency_penalty) and req.output_token_ids:
+            counts = torch.bincount(torch.tensor(req.output_token_ids, dtype=torch.int64), minlength=vocab)
+            counts = counts[:vocab].to(logits.dtype)  # [V]
+            logits[i] -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(logits.dtype)
+
+
+def _block_tokens(logits: torch.Tensor, requests: list[SampleRequest]) -> None:
+    for i, req in enumerate(requests):
+        if req.blocked_token_ids:
+            logits[i, list(req.blocked_token_ids)] = float("-inf")
+
+
+def _sample_random(logits: torch.Tensor, requests: list[SampleRequest],
+                   generator: torch.Generator | None) -> torch.Tensor:
+    """logits: [R, V] of the non-greedy rows -> [R] token ids."""
+    temps = torch.tensor([r.sampling.temperature for r in requests], dtype=logits.dtype)
+    logits = logits / temps.unsqueeze(1)
+    _filter_top_k_top_p(logits, requests)
+    probs = logits.softmax(dim=-1)  # [R, V]
+    min_ps = torch.tensor([r.sampling.min_p for r in requests], dtype=probs.dtype)
+    if bool((min_ps > 0).any()):
+        floor = probs.amax(dim=-1, keepdim=True) * min_ps.unsqueeze(1)
+        probs = probs.masked_fill(probs < floor, 0.0)
+    noise = _exponential_noise(probs.shape, requests, generator)  # [R, V]
+    return (probs / noise).argmax(dim=-1)
+
+
+def _filter_top_k_top_p(logits: torch.Tensor, requests: list[SampleRequest]) -> None:
+    """Mask (in place) tokens outside each row's top-k and nucleus."""
+    top_ks = [r.sampling.top_k for r in requests]
+    top_ps = [r.sampling.top_p for r in requests]
+    if not any(top_ks) and all(p >= 1.0 for p in top_ps):
+        return
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [R, V]
+    ranks = torch.arange(vocab).unsqueeze(0)  # [1, V]
+    k = torch.tensor([kk if kk > 0 else vocab for kk in top_ks]).unsqueeze(1)  # [R, 1]
+    drop = ranks >= k
+    sorted_probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability mass ahead of each token
+    drop |= before >= torch.tensor(top_ps, dtype=before.dtype).unsqueeze(1)
+    logits.scatter_(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+
+
+def _exponential_noise(shape: torch.Size, requests: list[SampleRequest],
+                       generator: torch.Generator | None) -> torch.Tensor:
+    noise = torch.empty(shape).exponential_(generator=generator)  # [R, V]
+    for i, req in enumerate(requests):
+        if req.sampling.seed is not None:
+            position = len(req.output_token_ids)
+            own = torch.Generator().manual_seed(hash((req.sampling.seed, position)) & _SEED_MASK)
+            noise[i] = torch.empty(shape[-1]).exponential_(generator=own)
+    return noise
+
+
+def _logprobs(raw: torch.Tensor, requests: list[SampleRequest], token_ids: list[int]) -> list[TokenLogprob | None]:
+    """Logprobs of the model's own distribution (before penalties and temperature)."""
+    rows = [i for i, r in enumerate(requests) if r.sampling.logprobs is not None]
+    out: list[TokenLogprob | None] = [None] * len(requests)
+    if not rows:
+        return out
+    logp = raw[rows].float().log_softmax(dim=-1)  # [R, V]
+    chosen = logp.gather(1, torch.tensor([token_ids[i] for i in rows]).unsqueeze(1)).squeeze(1).tolist()
+    max_k = max(requests[i].sampling.logprobs for i in rows)
+    top_vals, top_ids = logp.topk(max_k, dim=-1) if max_k else (logp[:, :0], logp[:, :0].long())
+    top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+    for j, i in enumerate(rows):
+        k = requests[i].sampling.logprobs
+        out[i] = TokenLogprob(token_ids[i], chosen[j], top_ids[j][:k], top_vals[j][:k])
+    return out

@@ -1,0 +1,78 @@
+"""Plain-torch paged attention: the CPU path and the reference the Triton kernels are tested against.
+
+Caches are per layer [N, block_size, H_kv, D] (a value cache may be a strided view, e.g. MLA's latent
+slice of the key cache). Decode attends a whole batch in one masked call: K/V are gathered through
+the block tables with index ops, so there is no Python loop per sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
+    """cache [N, bs, H, D] (contiguous); slot_mapping [T]; values [T, H, D]."""
+    num_blocks, block_size, heads, dim = cache.shape
+    cache.view(num_blocks * block_size, heads, dim).index_copy_(0, slot_mapping, values.to(cache.dtype))
+
+
+def gather_seq(cache: torch.Tensor, blocks: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """cache [N, bs, H, D]; blocks [M] -> [seq_len, H, D], the sequence's first seq_len cached tokens."""
+    block_size = cache.shape[1]
+    used = blocks[: (seq_len + block_size - 1) // block_size]
+    return cache[used].flatten(0, 1)[:seq_len]
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           window: int | None = None) -> torch.Tensor:
+    """One new token per sequence, already written to the cache.
+
+    q [B, H, D]; k_cache [N, bs, Hkv, D]; v_cache [N, bs, Hkv, Dv]; block_tables [B, M];
+    seq_lens [B] -> [B, H, Dv].
+    """
+    batch, heads, dim = q.shape
+    kv_heads = k_cache.shape[2]
+    width = int(seq_lens.max()) if batch else 0
+    num_cols = (width + k_cache.shape[1] - 1) // k_cache.shape[1]
+    tables = block_tables[:, :num_cols]
+    k = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, S, D]
+    v = v_cache[tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, S, Dv]
+    key_pos = torch.arange(k.shape[2], device=q.device)
+    mask = key_pos[None, :] < seq_lens[:, None]  # [B, S]
+    if window is not None:
+        mask &= key_pos[None, :] > (seq_lens[:, None] - 1 - window)
+    # heads sharing a KV head ride along as extra "query rows", so GQA needs no K/V repeat
+    qg = q.view(batch, kv_heads, heads // kv_heads, dim)  # [B, Hkv, G, D]
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask[:, None, None, :], scale=scale)
+    return out.reshape(batch, heads, v.shape[-1])
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int,
+                      scale: float, window: int | None = None) -> torch.Tensor:
+    """One sequence's chunk: q [L, H, D] at positions context_len.., k [S, Hkv, D], v [S, Hkv, Dv]
+    covering positions 0..S-1 (S = context_len + L) -> [L, H, Dv]; causal, optional sliding window."""
+    length, heads, _ = q.shape
+    kv_heads = k.shape[1]
+    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, L|S, D]
+    if kv_heads != heads:
+        kh = kh.repeat_interleave(heads // kv_heads, dim=0)
+        vh = vh.repeat_interleave(heads // kv_heads, dim=0)
+    if context_len == 0 and window is None:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+    else:
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_mask(
+            length, k.shape[0], context_len, window, q.device), scale=scale)
+    return out.transpose(0, 1)
+
+
+def causal_mask(length: int, seq_len: int, context_len: int, window: int | None,
+                device: torch.device) -> torch.Tensor:
+    """[L, S] bool: query i (position context_len+i) may see key j."""
+    q_pos = torch.arange(length, device=device)[:, None] + context_len
+    k_pos = torch.arange(seq_len, device=device)[None, :]
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= k_pos > q_pos - window
+    return mask

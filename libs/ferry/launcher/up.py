@@ -1,0 +1,240 @@
+"""`ferry up`: nats-server, redis-server and every ferry service as local processes, one command.
+
+Uses NATS_URL / REDIS_URL (or --nats-url / --redis-url) when given, else starts the servers
+itself. Every service is its own process (`python -m ferry_services.<module>`, configured by
+FERRY_* variables) in its own process group, its output in `<run dir>/<service>.log`. Ctrl-C or
+SIGTERM stops every service (SIGTERM to each group, SIGKILL after a grace period), then the
+servers it started; if a service exits on its own, everything stops and the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ferry.launcher import SERVICE_MODULES
+
+STOP_GRACE_S = 10.0
+POLL_S = 0.2
+
+
+class StopRequested(Exception):
+    """SIGTERM or SIGINT arrived."""
+
+
+@dataclass(slots=True)
+class ServiceSpec:
+    name: str
+    """Shown in status lines and names the log file: 'gateway', 'worker-prefill-0', ..."""
+    kind: str
+    """A key of SERVICE_MODULES."""
+    env: dict[str, str] = field(default_factory=dict)
+    """FERRY_* variables on top of this process's environment."""
+    worker_id: str = ""
+
+
+@dataclass(slots=True)
+class Child:
+    spec: ServiceSpec
+    process: subprocess.Popen
+    log_path: Path
+
+    def state(self) -> str:
+        code = self.process.poll()
+        return "running" if code is None else f"exited {code}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, help="checkpoint folder; without it a tiny random demo model")
+    parser.add_argument("--prefill-workers", type=int, default=1, metavar="N")
+    parser.add_argument("--decode-workers", type=int, default=1, metavar="M")
+    parser.add_argument("--host", default="127.0.0.1", help="gateway HTTP host")
+    parser.add_argument("--port", type=int, default=8000, help="gateway HTTP port")
+    parser.add_argument("--nats-url", default=os.environ.get("NATS_URL", ""),
+                        help="use this NATS (default $NATS_URL; none: start nats-server)")
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", ""),
+                        help="use this Redis (default $REDIS_URL; none: start redis-server)")
+    parser.add_argument("--num-kv-blocks", type=int, help="KV blocks per worker (FERRY_NUM_KV_BLOCKS)")
+    parser.add_argument("--max-running", type=int, help="batch cap per worker (FERRY_MAX_RUNNING)")
+    parser.add_argument("--max-batch-tokens", type=int, help="tokens per step (FERRY_MAX_BATCH_TOKENS)")
+    parser.add_argument("--run-dir", type=Path, help="logs and the demo model (default: a new temp folder)")
+    parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for readiness")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.prefill_workers < 1 or args.decode_workers < 1:
+        raise SystemExit("ferry up: --prefill-workers and --decode-workers must be >= 1")
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="ferry-up-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    children: list[Child] = []
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.callback(stop_children, children)  # runs before the servers stop
+            nats_url, redis_url = _servers(args, stack)
+            model_dir = _model(args.model, run_dir)
+            specs = plan_services(args, model_dir, nats_url, redis_url)
+            for spec in specs:  # appended one by one: a signal midway still stops those started
+                children.append(spawn(spec, run_dir))
+            url = f"http://{args.host}:{args.port}/v1"
+            print(f"ferry up: {url}  (nats {nats_url}, redis {redis_url}, logs {run_dir})", flush=True)
+            problem = wait_ready(children, f"http://{args.host}:{args.port}", args.ready_timeout)
+            print_status(children, problem)
+            return 1 if problem else supervise(children)
+    except StopRequested:
+        print("ferry up: stopping", flush=True)
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _raise_stop(signum, frame) -> None:
+    # Further signals during shutdown are ignored: stopping must run to the end.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise StopRequested(signum)
+
+
+def _servers(args: argparse.Namespace, stack: contextlib.ExitStack) -> tuple[str, str]:
+    from ferry.launcher import servers
+
+    nats_url, redis_url = args.nats_url, args.redis_url
+    if not nats_url:
+        nats_url = stack.enter_context(servers.start_nats()).url
+    if not redis_url:
+        redis_url = stack.enter_context(servers.start_redis()).url
+    return nats_url, redis_url
+
+
+def _model(model: Path | None, run_dir: Path) -> Path:
+    if model is not None:
+        if not (model / "config.json").is_file():
+            raise SystemExit(f"ferry up: --model {model}: no config.json there")
+        return model
+    from ferry.model.make_model import make_model
+
+    path = make_model(run_dir / "demo-model", "llama", "tiny")
+    print(f"ferry up: no --model given: serving a tiny demo model at {path}; its weights are random, "
+          "so its output is gibberish", flush=True)
+    return path
+
+
+def plan_services(args: argparse.Namespace, model_dir: Path, nats_url: str, redis_url: str) -> list[ServiceSpec]:
+    """Every process `ferry up` starts, in start order."""
+    common = {"FERRY_NATS_URL": nats_url, "FERRY_REDIS_URL": redis_url, "FERRY_MODEL": str(model_dir)}
+    tag = uuid.uuid4().hex[:4]  # two `ferry up` on one NATS must not share worker ids
+    worker_env = {k: str(v) for k, v in (("FERRY_NUM_KV_BLOCKS", args.num_kv_blocks),
+                                         ("FERRY_MAX_RUNNING", args.max_running),
+                                         ("FERRY_MAX_BATCH_TOKENS", args.max_batch_tokens)) if v is not None}
+    specs = []
+    if _available("kvcache"):
+        specs.append(ServiceSpec("kvcache", "kvcache", dict(common)))
+    specs += [ServiceSpec("prefill-balancer", "prefill-balancer", dict(common)),
+              ServiceSpec("decode-balancer", "decode-balancer", dict(common))]
+    for role, count in (("prefill", args.prefill_workers), ("decode", args.decode_workers)):
+        for i in range(count):
+            worker_id = f"{role}-{i}-{tag}"
+            env = {**common, **worker_env, "FERRY_ROLE": role, "FERRY_WORKER_ID": worker_id}
+            specs.append(ServiceSpec(f"worker-{role}-{i}", "worker", env, worker_id=worker_id))
+    gateway_env = {**common, "FERRY_HTTP_HOST": args.host, "FERRY_HTTP_PORT": str(args.port),
+                   "FERRY_GATEWAY_ID": f"gateway-{tag}"}
+    specs.append(ServiceSpec("gateway", "gateway", gateway_env))
+    return specs
+
+
+def _available(kind: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(f"{SERVICE_MODULES[kind]}.__main__") is not None
+
+
+def spawn(spec: ServiceSpec, run_dir: Path) -> Child:
+    """Start one service in its own process group, output to `<run_dir>/<name>.log`."""
+    log_path = run_dir / f"{spec.name}.log"
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", SERVICE_MODULES[spec.kind]],
+            env={**os.environ, **spec.env}, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own group: Ctrl-C reaches us only, and we stop it in order
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+    return Child(spec, process, log_path)
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM if `ferry up` itself is killed (SIGKILL cannot be caught)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def wait_ready(children: list[Child], base_url: str, timeout_s: float) -> str:
+    """'' once the gateway's /ready lists every worker we started; else what went wrong."""
+    import httpx
+
+    worker_ids = {c.spec.worker_id for c in children if c.spec.worker_id}
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            dead = [c for c in children if c.process.poll() is not None]
+            if dead:
+                return f"{dead[0].spec.name} exited with {dead[0].process.returncode} (see {dead[0].log_path})"
+            if worker_ids <= _ready_workers(client, base_url):
+                return ""
+            time.sleep(POLL_S)
+    return f"not ready after {timeout_s:.0f}s (see the logs)"
+
+
+def _ready_workers(client, base_url: str) -> set[str]:
+    try:
+        body = client.get(f"{base_url}/ready").json()
+    except Exception:  # not listening yet, or not JSON yet
+        return set()
+    workers = body.get("workers", {}) if isinstance(body, dict) else {}
+    return {w for ids in workers.values() for w in ids}
+
+
+def print_status(children: list[Child], problem: str) -> None:
+    for c in children:
+        print(f"  {c.spec.name:<20} pid {c.process.pid:<8} {c.state():<10} {c.log_path}", flush=True)
+    print(f"ferry up: {problem}" if problem else "ferry up: ready (Ctrl-C stops everything)", flush=True)
+
+
+def supervise(children: list[Child]) -> int:
+    """Until a signal (StopRequested) or until a service exits on its own (1)."""
+    while True:
+        for c in children:
+            if c.process.poll() is not None:
+                print(f"ferry up: {c.spec.name} exited with {c.process.returncode} (see {c.log_path}); "
+                      "stopping everything", flush=True)
+                return 1
+        time.sleep(POLL_S)
+
+
+def stop_children(children: list[Child], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM every process group, wait up to `grace_s`, then SIGKILL whatever is left in them."""
+    for c in reversed(children):  # gateway first: no new requests while workers drain
+        _signal_group(c, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for c in children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            c.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for c in children:  # also reaches grandchildren left in the group by a service that exited
+        _signal_group(c, signal.SIGKILL)
+        c.process.wait()
+
+
+def _signal_group(child: Child, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.process.pid, sig)

@@ -1,0 +1,85 @@
+"""Logging for every ferry process: plain text for people, one JSON object per line for machines.
+
+The request being handled lives in a contextvar, so a log line written anywhere below a handler
+(engine, kv store, ...) names its request without passing ids around:
+
+    with request_context("req-42"):
+        log.info("prefill done")     # {"ts": ..., "level": "INFO", ..., "request_id": "req-42"}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json as jsonlib
+import logging
+import sys
+import time
+from collections.abc import Iterator
+
+request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("ferry_request_id", default=None)
+"""Id of the request this task is working on; None outside a request."""
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s%(request_suffix)s"
+
+
+@contextlib.contextmanager
+def request_context(request_id: str | None) -> Iterator[None]:
+    """Tag every log line written inside the block (and in tasks it starts) with `request_id`."""
+    token = request_id_var.set(request_id)
+    try:
+        yield
+    finally:
+        request_id_var.reset(token)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, request_id (when set), exc (when any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "ts": round(record.created, 6),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        request_id = getattr(record, "request_id", None)
+        if request_id is not None:
+            line["request_id"] = request_id
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return jsonlib.dumps(line, ensure_ascii=False, default=str)
+
+
+class _RequestIdFilter(logging.Filter):
+    """Copies the contextvar onto the record, so both formatters can show it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "request_id"):
+            record.request_id = request_id_var.get()
+        rid = record.request_id
+        record.request_suffix = f" [request_id={rid}]" if rid is not None else ""
+        return True
+
+
+def setup_logging(level: str = "INFO", json: bool = False) -> None:
+    """Configure the root logger once per process (calling again replaces the previous setup)."""
+    level = level.upper()
+    if level not in LEVELS:
+        raise ValueError(f"level={level!r} must be one of {LEVELS}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_RequestIdFilter())
+    if json:
+        handler.setFormatter(JsonFormatter())
+    else:
+        formatter = logging.Formatter(_TEXT_FORMAT)
+        formatter.converter = time.gmtime  # UTC, like the JSON timestamps
+        handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if getattr(old, "_ferry", False):
+            root.removeHandler(old)
+    handler._ferry = True  # type: ignore[attr-defined]  # marks ours, so a second call replaces it
+    root.addHandler(handler)
+    root.setLevel(level)

@@ -1,0 +1,93 @@
+"""The decoder-only causal LM shared by every architecture; parameter names mirror HF checkpoints
+(`model.layers.N.self_attn.q_proj.weight`, ...), so loading is a name-for-name copy."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ferry.model.attention_meta import AttentionMetadata
+from ferry.model.config import ModelConfig
+from ferry.model.dense_attention import GQAttention
+from ferry.model.kv_cache import PagedKVCache
+from ferry.model.layers import GatedMLP, RMSNorm
+from ferry.model.rope import Rotary
+
+
+def _attention_class(cfg: ModelConfig) -> type[nn.Module]:
+    if cfg.is_mla:
+        from ferry.model.mla import MLAttention
+
+        return MLAttention
+    return GQAttention
+
+
+def _mlp(cfg: ModelConfig, layer: int) -> nn.Module:
+    if cfg.is_mla and layer >= cfg.first_k_dense_replace:
+        from ferry.model.moe import MoE
+
+        return MoE(cfg)
+    return GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+
+
+def make_rotary(cfg: ModelConfig) -> Rotary:
+    dim = cfg.qk_rope_head_dim if cfg.is_mla else cfg.head_dim
+    return Rotary(dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = _attention_class(cfg)(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = _mlp(cfg, layer)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                meta: AttentionMetadata, kv: PagedKVCache) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_weights()
+        self.rotary = make_rotary(cfg)
+
+    def tie_weights(self) -> None:
+        """Shares the embedding with lm_head when the config says so (again after to_empty, which unties)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv: PagedKVCache) -> torch.Tensor:
+        """input_ids, positions [T] (every new token, flattened) -> [B, vocab] float32 logits of each
+        sequence's last new token. Writes the new tokens' K/V into kv."""
+        if input_ids.shape != positions.shape or input_ids.shape[0] != meta.num_tokens:
+            raise ValueError(f"input_ids {tuple(input_ids.shape)}, positions {tuple(positions.shape)}: "
+                             f"need [{meta.num_tokens}] each")
+        x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)  # [T, rope_dim/2]
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, meta, kv)
+        last = self.model.norm(x[meta.logits_indices])  # [B, hidden]: only rows we need logits for
+        return self.lm_head(last).float()
+
+    def make_kv_cache(self, num_blocks: int, block_size: int, device: torch.device | str | None = None,
+                      dtype: torch.dtype | None = None) -> PagedKVCache:
+        weight = self.lm_head.weight
+        return _attention_class(self.config).make_kv_cache(
+            self.config, num_blocks, block_size, device or weight.device, dtype or weight.dtype)

@@ -1,0 +1,69 @@
+"""Grouped-query attention over the paged cache (Llama, Mistral, Qwen2)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ferry.kernels import gather_seq, paged_decode_attention, prefill_attention, use_triton, write_kv
+from ferry.model.attention_meta import AttentionMetadata
+from ferry.model.config import ModelConfig
+from ferry.model.kv_cache import PagedKVCache
+from ferry.model.rope import apply_rotary
+
+
+class GQAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer, self.window = layer, cfg.window(layer)
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.scale = cfg.head_dim ** -0.5
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                meta: AttentionMetadata, kv: PagedKVCache) -> torch.Tensor:
+        tokens = x.shape[0]
+        q = apply_rotary(self.q_proj(x).view(tokens, self.num_heads, self.head_dim), cos, sin, False)
+        k = apply_rotary(self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim), cos, sin, False)
+        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        k_cache, v_cache = kv.layer(self.layer, 0), kv.layer(self.layer, 1)
+        write_kv(k_cache, meta.slot_mapping, k)
+        write_kv(v_cache, meta.slot_mapping, v)
+        if use_triton(q):
+            return self.o_proj(self._triton_attention(q, k_cache, v_cache, meta).view(tokens, -1))
+        out = torch.empty_like(q)  # [T, H, D]
+        if meta.decode_token_rows.numel():
+            rows = meta.decode_token_rows
+            out[rows] = paged_decode_attention(q[rows], k_cache, v_cache, meta.decode_block_tables,
+                                               meta.decode_seq_lens, self.scale, self.window)
+        for i in meta.prefill_rows:
+            start, end, ctx = meta.query_starts[i], meta.query_starts[i + 1], meta.context_lens[i]
+            if ctx == 0:  # the whole sequence is new: use this step's K/V directly
+                k_seq, v_seq = k[start:end], v[start:end]
+            else:
+                blocks, total = meta.block_tables[i], ctx + end - start
+                k_seq, v_seq = gather_seq(k_cache, blocks, total), gather_seq(v_cache, blocks, total)
+            out[start:end] = prefill_attention(q[start:end], k_seq, v_seq, ctx, self.scale, self.window)
+        return self.o_proj(out.view(tokens, -1))
+
+    def _triton_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          meta: AttentionMetadata) -> torch.Tensor:
+        """GPU: one kernel launch for the whole batch, no per-sequence loop."""
+        if not meta.prefill_rows:
+            from ferry.kernels.triton_decode import gqa_decode_attention
+
+            return gqa_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
+                                        self.window)
+        from ferry.kernels.triton_prefill import varlen_prefill_attention
+
+        return varlen_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
+                                        meta.seq_lens, meta.max_query_len, self.scale, self.window)
+
+    @staticmethod
+    def make_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device | str,
+                      dtype: torch.dtype) -> PagedKVCache:
+        return PagedKVCache(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
+                            device, dtype)

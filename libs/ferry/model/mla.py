@@ -1,0 +1,104 @@
+"""Multi-head latent attention (DeepSeek-V3) over the paged cache.
+
+The cache holds, per token, only the normalised compressed latent c_kv [kv_lora_rank] and the
+rotated shared rope key k_pe [rope_dim]. Prefill expands them through kv_b_proj into per-head keys
+and values; decode uses the absorbed form instead: q_nope is folded through W_UK into latent space,
+attention runs directly against the cached latents (one shared "KV head"), and W_UV maps the result
+back, so decode never materialises per-head K/V for the context.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ferry.kernels import gather_seq, paged_decode_attention, prefill_attention, use_triton, write_kv
+from ferry.model.attention_meta import AttentionMetadata
+from ferry.model.config import ModelConfig
+from ferry.model.kv_cache import PagedKVCache
+from ferry.model.layers import RMSNorm
+from ferry.model.rope import apply_rotary, yarn_mscale
+
+
+def mla_softmax_scale(cfg: ModelConfig) -> float:
+    scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
+    s = cfg.rope_scaling or {}
+    if s.get("rope_type") == "yarn" and s.get("mscale_all_dim"):
+        scale *= yarn_mscale(float(s["factor"]), float(s["mscale_all_dim"])) ** 2
+    return scale
+
+
+class MLAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer, self.num_heads, self.interleaved = layer, cfg.num_heads, cfg.rope_interleave
+        self.nope, self.rope, self.v_dim, self.rank = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
+                                                        cfg.v_head_dim, cfg.kv_lora_rank)
+        self.scale = mla_softmax_scale(cfg)
+        q_out = cfg.num_heads * (self.nope + self.rope)
+        if cfg.q_lora_rank is None:
+            self.q_proj = nn.Linear(cfg.hidden_size, q_out, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=cfg.o_bias)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, q_out, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, self.rank + self.rope, bias=cfg.o_bias)
+        self.kv_a_layernorm = RMSNorm(self.rank, cfg.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(self.rank, cfg.num_heads * (self.nope + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * self.v_dim, cfg.hidden_size, bias=cfg.o_bias)
+
+    def _query(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(self, "q_proj"):
+            return self.q_proj(x)
+        return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                meta: AttentionMetadata, kv: PagedKVCache) -> torch.Tensor:
+        tokens = x.shape[0]
+        q = self._query(x).view(tokens, self.num_heads, self.nope + self.rope)
+        q_nope = q[..., : self.nope]  # [T, H, nope]
+        q_pe = apply_rotary(q[..., self.nope:], cos, sin, self.interleaved)  # [T, H, rope]
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)
+        k_pe = apply_rotary(k_pe.view(tokens, 1, self.rope), cos, sin, self.interleaved)
+        entry = torch.cat([self.kv_a_layernorm(latent).view(tokens, 1, self.rank), k_pe], -1)  # [T, 1, C+R]
+        cache = kv.layer(self.layer, 0)  # [N, bs, 1, C+R]
+        write_kv(cache, meta.slot_mapping, entry)
+        out = q.new_empty(tokens, self.num_heads, self.v_dim)  # [T, H, Dv]
+        if meta.decode_token_rows.numel():
+            rows = meta.decode_token_rows
+            out[rows] = self._decode(q_nope[rows], q_pe[rows], cache, meta)
+        for i in meta.prefill_rows:
+            start, end, ctx = meta.query_starts[i], meta.query_starts[i + 1], meta.context_lens[i]
+            seq = entry[start:end] if ctx == 0 else gather_seq(cache, meta.block_tables[i], ctx + end - start)
+            out[start:end] = self._prefill(q_nope[start:end], q_pe[start:end], seq, ctx)
+        return self.o_proj(out.view(tokens, -1))
+
+    def _prefill(self, q_nope: torch.Tensor, q_pe: torch.Tensor, seq: torch.Tensor, ctx: int) -> torch.Tensor:
+        """Expanded form: seq [S, 1, C+R] -> per-head keys [S, H, nope+R] and values [S, H, Dv]."""
+        length = seq.shape[0]
+        kv = self.kv_b_proj(seq[:, 0, : self.rank]).view(length, self.num_heads, self.nope + self.v_dim)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        k = torch.cat([k_nope, seq[:, :, self.rank:].expand(length, self.num_heads, self.rope)], -1)
+        return prefill_attention(torch.cat([q_nope, q_pe], -1), k, v, ctx, self.scale)
+
+    def _decode(self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """Absorbed form: q_nope [B, H, nope], q_pe [B, H, R] -> [B, H, Dv]."""
+        w = self.kv_b_proj.weight.view(self.num_heads, self.nope + self.v_dim, self.rank)
+        w_uk, w_uv = w[:, : self.nope], w[:, self.nope:]  # [H, nope, C], [H, Dv, C]
+        q_latent = torch.cat([torch.einsum("bhn,hnc->bhc", q_nope, w_uk), q_pe], -1)  # [B, H, C+R]
+        if use_triton(q_latent):
+            from ferry.kernels.triton_decode import mla_decode_attention
+
+            out_latent = mla_decode_attention(q_latent, cache, self.rank, meta.decode_block_tables,
+                                              meta.decode_seq_lens, self.scale)
+        else:
+            out_latent = paged_decode_attention(q_latent, cache, cache[..., : self.rank],
+                                                meta.decode_block_tables, meta.decode_seq_lens, self.scale)
+        return torch.einsum("bhc,hvc->bhv", out_latent, w_uv)  # [B, H, Dv]
+
+    @staticmethod
+    def make_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device | str,
+                      dtype: torch.dtype) -> PagedKVCache:
+        return PagedKVCache(cfg.num_layers, 1, num_blocks, block_size, 1,
+                            cfg.kv_lora_rank + cfg.qk_rope_head_dim, device, dtype)

@@ -1,0 +1,77 @@
+"""Where a prefilled sequence decodes. Pure: no NATS, no torch.
+
+DeepSeek balances decode workers by KV-cache usage and request count. A worker qualifies when it
+is under its batch cap (`max_running`, counting sequences routed since its last report) and has
+free KV blocks for the sequence's cache plus the next token; among those, the one with the
+lowest KV usage + batch fill after taking the sequence wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ferry_services.prefill_balancer.view import WorkerState
+
+
+@dataclass(slots=True)
+class DecodePolicyConfig:
+    kv_weight: float = 1.0
+    """Weight of KV-cache usage (0..1) in the score."""
+    seqs_weight: float = 1.0
+    """Weight of batch fill (running / max_running, 0..1) in the score."""
+    retry_after_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.kv_weight < 0 or self.seqs_weight < 0 or self.kv_weight + self.seqs_weight == 0:
+            raise ValueError(f"kv_weight={self.kv_weight!r}, seqs_weight={self.seqs_weight!r}: "
+                             "must be >= 0 and not both 0")
+        if self.retry_after_s <= 0:
+            raise ValueError(f"retry_after_s={self.retry_after_s!r} must be > 0")
+
+
+@dataclass(slots=True)
+class DecodeChoice:
+    worker_id: str | None
+    """None when rejected."""
+    reason: str = ""
+    """'' when routed; 'overloaded' (every worker full) or 'no_workers'."""
+    num_blocks: int = 0
+    """Blocks the sequence takes on the chosen worker."""
+    retry_after_s: float = 0.0
+
+
+def blocks_needed(num_kv_tokens: int, block_size: int) -> int:
+    """Blocks for the cached tokens plus the slot of the next one."""
+    return -(-(num_kv_tokens + 1) // block_size)
+
+
+def decode_score(state: WorkerState, num_blocks: int, config: DecodePolicyConfig) -> float:
+    report = state.report
+    kv_usage = (state.kv_blocks_used + num_blocks) / max(report.kv_blocks_total, 1)
+    fill = (state.num_seqs + 1) / max(report.max_running, 1)
+    return config.kv_weight * kv_usage + config.seqs_weight * fill
+
+
+def fits(state: WorkerState, num_blocks: int) -> bool:
+    """Under the batch cap and enough free KV blocks."""
+    return state.num_seqs < state.report.max_running and state.kv_blocks_free >= num_blocks
+
+
+def choose_decode_worker(
+    workers: Sequence[WorkerState], num_kv_tokens: int, config: DecodePolicyConfig
+) -> DecodeChoice:
+    """Pick the least loaded worker that can take the sequence now, or say why none can."""
+    if not workers:
+        return DecodeChoice(None, "no_workers", retry_after_s=config.retry_after_s)
+    best: tuple[float, WorkerState, int] | None = None
+    for state in workers:
+        num_blocks = blocks_needed(num_kv_tokens, state.report.block_size)
+        if not fits(state, num_blocks):
+            continue
+        score = decode_score(state, num_blocks, config)
+        if best is None or score < best[0]:
+            best = (score, state, num_blocks)
+    if best is None:
+        return DecodeChoice(None, "overloaded", retry_after_s=config.retry_after_s)
+    return DecodeChoice(best[1].worker_id, num_blocks=best[2])

@@ -1,0 +1,110 @@
+"""One request's life on the bus: admission, submit, token events with a timeout, cancel.
+
+`Generation.close()` always runs (the HTTP layer guarantees it) and publishes `ferry.cancel`
+unless the request finished, so a client that goes away, a timeout or a downstream error frees
+the request's KV blocks on every worker holding it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from ferry import metrics
+from ferry.protocol import ErrorEvent, GenerateRequest, TokenEvent
+
+from ferry_services.gateway.bus import GatewayBus, SubmitFailed
+from ferry_services.gateway.errors import APIError
+
+# ErrorEvent.code / SubmitReply.reason -> HTTP status
+_STATUS = {"overloaded": 429, "no_workers": 503, "bad_request": 400, "worker_lost": 503,
+           "kv_transfer": 503, "internal": 500}
+
+
+def downstream_error(code: str, message: str, retry_after_s: float) -> APIError:
+    status = _STATUS.get(code, 503)
+    return APIError(status, message if message != code else f"request rejected: {code}", code=code,
+                    retry_after_s=retry_after_s if status == 429 else None)
+
+
+class Generation:
+    def __init__(self, bus: GatewayBus, request: GenerateRequest, timeout_s: float) -> None:
+        self.bus = bus
+        self.request = request
+        self.timeout_s = timeout_s
+        self.is_finished = False
+        self._queue: asyncio.Queue | None = None
+        self._cancel_reason = "client_disconnected"
+        self._accepted_at = 0.0
+        self._last_event_at = 0.0
+        self._retry_after_s = 1.0
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    async def start(self, max_inflight: int, retry_after_s: float, now: float) -> None:
+        """Admit and submit, or raise the APIError the client should get (429, 503, ...)."""
+        self._retry_after_s = retry_after_s
+        if len(self.bus.tracker) >= max_inflight:
+            raise APIError(429, f"the gateway has {max_inflight} requests in flight; retry later",
+                           code="overloaded", retry_after_s=retry_after_s)
+        missing = self.bus.workers.missing_roles(now)
+        if missing:
+            raise APIError(503, f"no {' or '.join(missing)} worker is alive", code="no_workers")
+        self._queue = self.bus.tracker.open(self.request_id)
+        try:
+            await self.bus.submit(self.request)
+        except SubmitFailed as exc:
+            self.is_finished = True  # refused: nobody holds anything to cancel
+            self.bus.tracker.close(self.request_id)
+            if exc.maybe_accepted:
+                await self.bus.cancel([self.request_id], "submit_timeout")
+            metrics.ERRORS.labels("gateway", exc.code).inc()
+            raise downstream_error(exc.code, exc.message, exc.retry_after_s or retry_after_s) from None
+        self._accepted_at = time.monotonic()
+        metrics.PROMPT_TOKENS.inc(len(self.request.prompt_token_ids))
+
+    async def events(self) -> AsyncIterator[TokenEvent]:
+        """Token events in order until the finishing one; raises APIError on error or timeout."""
+        assert self._queue is not None, "start() first"
+        while not self.is_finished:
+            try:
+                event = await asyncio.wait_for(self._queue.get(), self.timeout_s)
+            except asyncio.TimeoutError:
+                self._cancel_reason = "timeout"
+                self._count_failure("timeout")
+                raise APIError(504, f"no output for {self.timeout_s:g}s; the request was cancelled",
+                               code="timeout") from None
+            if isinstance(event, ErrorEvent):
+                self._cancel_reason = f"error: {event.code}"
+                self._count_failure(event.code)
+                raise downstream_error(event.code, event.message, self._retry_after_s)
+            self.is_finished = event.finish_reason is not None
+            self._observe(event)
+            yield event
+
+    def _observe(self, event: TokenEvent) -> None:
+        now = time.monotonic()
+        if event.token_ids:
+            gap = metrics.INTER_TOKEN_LATENCY if self._last_event_at else metrics.TIME_TO_FIRST_TOKEN
+            gap.observe(now - (self._last_event_at or self._accepted_at))
+            self._last_event_at = now
+            metrics.GENERATION_TOKENS.inc(len(event.token_ids))
+        if event.finish_reason is not None:
+            metrics.REQUESTS_FINISHED.labels(event.finish_reason).inc()
+            metrics.E2E_REQUEST_LATENCY.observe(now - self._accepted_at)
+
+    def _count_failure(self, kind: str) -> None:
+        metrics.REQUESTS_FINISHED.labels("error").inc()
+        metrics.ERRORS.labels("gateway", kind).inc()
+
+    async def close(self) -> None:
+        """Idempotent: stop routing events here; cancel everywhere unless it finished."""
+        self.bus.tracker.close(self.request_id)
+        if not self.is_finished:
+            self.is_finished = True
+            if self._cancel_reason == "client_disconnected":
+                metrics.REQUESTS_FINISHED.labels("abort").inc()
+            await self.bus.cancel([self.request_id], self._cancel_reason)

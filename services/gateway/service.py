@@ -1,0 +1,60 @@
+"""Run the gateway: load the tokenizer, connect to NATS, serve HTTP with uvicorn until a signal.
+
+Subjects: reads `ferry.out.<gateway_id>` and `ferry.load.>`; writes `ferry.submit` and `ferry.cancel`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import uvicorn
+
+from ferry.metrics import start_metrics_server
+
+from ferry_services.gateway.app import create_app
+from ferry_services.gateway.bus import GatewayBus
+from ferry_services.gateway.convert import ModelLimits
+from ferry_services.gateway.settings import GatewaySettings
+from ferry_services.gateway.tokenizer import ModelInfo, load_model_info
+
+log = logging.getLogger("ferry.gateway")
+
+
+def model_limits(settings: GatewaySettings, info: ModelInfo) -> ModelLimits:
+    max_len = min(settings.max_context_len or info.max_context_len, info.max_context_len)
+    return ModelLimits(name=settings.model_name, max_context_len=max_len, vocab_size=info.vocab_size)
+
+
+class _HttpServer(uvicorn.Server):
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:
+        # uvicorn would re-raise the signal after its shutdown and kill the process before the
+        # bus drains; serve() routes SIGTERM/SIGINT to handle_exit itself.
+        return contextlib.nullcontext()
+
+
+async def serve(settings: GatewaySettings) -> int:
+    """Serve until SIGTERM/SIGINT: in-flight responses get a few seconds, then the bus drains."""
+    info = load_model_info(settings.model)
+    bus = GatewayBus(settings.gateway_id, settings.submit_timeout_s)
+    await bus.start(settings.nats_url)
+    app = create_app(settings, info.tokenizer, model_limits(settings, info), bus)
+    start_metrics_server(settings.metrics_port)
+    config = uvicorn.Config(app, host=settings.http_host, port=settings.http_port, log_config=None,
+                            lifespan="off", timeout_graceful_shutdown=5)
+    log.info("gateway %s serving %s on http://%s:%d", settings.gateway_id, settings.model_name,
+             settings.http_host, settings.http_port)
+    server = _HttpServer(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.handle_exit, sig, None)
+    try:
+        await server.serve()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await bus.stop()
+        log.info("gateway %s stopped", settings.gateway_id)
+    return 0

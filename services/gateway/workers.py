@@ -1,0 +1,36 @@
+"""Which workers are alive, from their periodic load reports on `ferry.load.>`. Pure: no NATS.
+
+A worker counts as alive until it misses `MISSED_REPORTS` reports in a row; a draining worker
+does not count, because nothing new will be routed to it.
+"""
+
+from __future__ import annotations
+
+from ferry.protocol import ROLES, LoadReport
+
+MISSED_REPORTS = 3
+
+
+class LiveWorkers:
+    def __init__(self) -> None:
+        self._reports: dict[tuple[str, str], tuple[LoadReport, float]] = {}
+
+    def observe(self, report: LoadReport, now: float) -> None:
+        self._reports[(report.role, report.worker_id)] = (report, now)
+
+    def alive(self, role: str, now: float) -> list[str]:
+        """Ids of the `role` workers heard from recently and not draining."""
+        return sorted(
+            worker_id
+            for (r, worker_id), (report, seen) in self._reports.items()
+            if r == role and not report.draining and now - seen <= MISSED_REPORTS * report.interval_s
+        )
+
+    def missing_roles(self, now: float) -> list[str]:
+        return [role for role in ROLES if not self.alive(role, now)]
+
+    def forget_stale(self, now: float) -> None:
+        """Drop workers gone for long, so that a churning deployment does not grow this map."""
+        for key, (report, seen) in list(self._reports.items()):
+            if now - seen > 10 * MISSED_REPORTS * report.interval_s:
+                del self._reports[key]

@@ -1,0 +1,97 @@
+"""Where a new request's prefill goes. Pure: no NATS, no torch.
+
+DeepSeek balances prefill workers by the tokens and the core-attention compute queued on each.
+A prompt of `n` tokens of which `c` are already cached costs `n - c` tokens of linear work
+(projections, MLP) and about (n² - c²)/2 query-key pairs of causal attention; the policy sends the
+request to the worker whose queued work *plus this request's cost there* is smallest, so a worker
+that holds the prompt's prefix (smaller cost) wins over an equally loaded one without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ferry_services.prefill_balancer.view import WorkerState
+
+
+@dataclass(slots=True)
+class PrefillPolicyConfig:
+    max_queued_tokens: int = 32768
+    """A worker with this many prefill tokens queued takes no more; when all are there: 'overloaded'."""
+    attention_weight: float = 1.0 / 2048
+    """Token-equivalents per query-key pair: at 2048 tokens of context attention costs about as
+    much as a token's projections and MLP (a few-hundred-wide model; larger models: smaller)."""
+    retry_after_s: float = 1.0
+    """What an 'overloaded' reply tells the client to wait."""
+
+    def __post_init__(self) -> None:
+        if self.max_queued_tokens < 1:
+            raise ValueError(f"max_queued_tokens={self.max_queued_tokens!r} must be >= 1")
+        if self.attention_weight < 0:
+            raise ValueError(f"attention_weight={self.attention_weight!r} must be >= 0")
+        if self.retry_after_s <= 0:
+            raise ValueError(f"retry_after_s={self.retry_after_s!r} must be > 0")
+
+
+@dataclass(slots=True)
+class PrefillCost:
+    tokens: int
+    """New tokens to compute (prompt minus cached prefix)."""
+    attention: float
+    """Causal query-key pairs of those tokens."""
+
+
+@dataclass(slots=True)
+class PrefillChoice:
+    worker_id: str | None
+    """None when rejected."""
+    reason: str = ""
+    """'' when routed; 'overloaded' or 'no_workers'."""
+    retry_after_s: float = 0.0
+    cost: PrefillCost | None = None
+    num_cached_tokens: int = 0
+
+
+def prefill_cost(num_tokens: int, num_cached_tokens: int = 0) -> PrefillCost:
+    """Work to prefill `num_tokens` when the first `num_cached_tokens` are already in a cache."""
+    cached = min(max(num_cached_tokens, 0), num_tokens - 1)  # the last token is always computed
+    return PrefillCost(tokens=num_tokens - cached, attention=(num_tokens**2 - cached**2) / 2)
+
+
+def queued_load(state: WorkerState, config: PrefillPolicyConfig, mean_prompt_tokens: float = 0.0) -> float:
+    """A worker's queued prefill work in token-equivalents."""
+    # Reports carry queued tokens, not attention pairs: prompts of mean length m hold about
+    # m/2 pairs per token. What was routed since the report is known exactly.
+    reported_pairs = state.report.num_queued_prefill_tokens * mean_prompt_tokens / 2
+    attention = reported_pairs + state.routed_attention
+    return state.queued_prefill_tokens + config.attention_weight * attention
+
+
+def choose_prefill_worker(
+    workers: Sequence[WorkerState],
+    num_tokens: int,
+    config: PrefillPolicyConfig,
+    cached_tokens: Mapping[str, int] | None = None,
+    mean_prompt_tokens: float = 0.0,
+) -> PrefillChoice:
+    """Pick the worker that would finish this prompt's prefill soonest, or say why none can.
+
+    `cached_tokens`: prompt tokens each worker holds cached (prefix overlap), by worker id.
+    `mean_prompt_tokens`: recent mean prompt length, to estimate reported queues' attention."""
+    if not workers:
+        return PrefillChoice(None, "no_workers", config.retry_after_s)
+    cached_tokens = cached_tokens or {}
+    best: tuple[float, WorkerState, PrefillCost, int] | None = None
+    for state in workers:
+        if state.queued_prefill_tokens >= config.max_queued_tokens:
+            continue  # full; an idle worker always qualifies, however long the prompt
+        cached = cached_tokens.get(state.worker_id, 0)
+        cost = prefill_cost(num_tokens, cached)
+        score = queued_load(state, config, mean_prompt_tokens) + cost.tokens + config.attention_weight * cost.attention
+        if best is None or score < best[0]:
+            best = (score, state, cost, cached)
+    if best is None:
+        return PrefillChoice(None, "overloaded", config.retry_after_s)
+    _, state, cost, cached = best
+    return PrefillChoice(state.worker_id, cost=cost, num_cached_tokens=cached)

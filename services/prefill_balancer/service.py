@@ -1,0 +1,89 @@
+"""prefill-balancer: places each new request on a prefill worker.
+
+Reads `ferry.submit` (request/reply, queue group `prefill-balancer`: replicas share the load) and
+`ferry.load.prefill.*`; writes `ferry.work.prefill.<worker>` (JetStream FERRY_WORK). Replies
+`SubmitReply`: accepted with the worker id, or rejected with 'overloaded' (+ retry_after_s) or
+'no_workers'. Queued work of a prefill worker that falls silent is moved to live workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from nats.aio.client import Client
+
+from ferry.bus import Service, connect, ensure_work_stream, run_service
+from ferry.protocol import PrefillWork, ProtocolError, SubmitReply, SubmitRequest, decode, subjects
+from ferry_services.prefill_balancer.policy import PrefillChoice, PrefillPolicyConfig, choose_prefill_worker
+from ferry_services.prefill_balancer.runtime import BalancerRuntime
+from ferry_services.prefill_balancer.settings import PrefillBalancerSettings
+
+log = logging.getLogger(__name__)
+
+PROMPT_EMA = 0.05
+"""Weight of each new prompt in the running mean prompt length."""
+
+
+class PrefillBalancer:
+    def __init__(self, nc: Client, settings: PrefillBalancerSettings) -> None:
+        self.config = PrefillPolicyConfig(max_queued_tokens=settings.max_queued_tokens,
+                                          attention_weight=settings.attention_weight,
+                                          retry_after_s=settings.retry_after_s)
+        self.runtime = BalancerRuntime(nc, "prefill", silent_after_intervals=settings.silent_after_intervals,
+                                       tick_s=settings.tick_s)
+        self.service = Service("prefill-balancer", description="places requests on prefill workers")
+        self.service.endpoint(subjects.SUBMIT, SubmitRequest, self.submit, queue=subjects.SUBMIT_QUEUE)
+        self.mean_prompt_tokens = 0.0
+        self.nc = nc
+
+    async def start(self) -> None:
+        await self.runtime.start(self.reroute)
+        await self.service.start(self.nc)
+
+    async def stop(self) -> None:
+        await self.service.stop()
+        await self.runtime.stop()
+
+    def choose(self, num_tokens: int, model: str) -> PrefillChoice:
+        states = self.runtime.view.routable(time.monotonic(), model)
+        choice = choose_prefill_worker(states, num_tokens, self.config, mean_prompt_tokens=self.mean_prompt_tokens)
+        if choice.worker_id is not None:
+            self.runtime.view.note_routed(choice.worker_id, tokens=choice.cost.tokens,
+                                          attention=choice.cost.attention)
+        return choice
+
+    async def submit(self, submit: SubmitRequest) -> SubmitReply:
+        request = submit.request
+        num_tokens = len(request.all_token_ids)
+        self.mean_prompt_tokens += PROMPT_EMA * (num_tokens - self.mean_prompt_tokens)
+        choice = self.choose(num_tokens, request.model)
+        if choice.worker_id is None:
+            return SubmitReply(request.request_id, False, reason=choice.reason, retry_after_s=choice.retry_after_s)
+        work = PrefillWork(request, routed_at=time.time(), num_cached_blocks_hint=0)
+        await self.runtime.publish_work(choice.worker_id, work)
+        return SubmitReply(request.request_id, True, worker_id=choice.worker_id)
+
+    async def reroute(self, data: bytes) -> bool:
+        """Move one message of a silent worker's queue to a live worker."""
+        try:
+            work = decode(data, PrefillWork)
+        except ProtocolError as exc:
+            log.error("dropping an unreadable message from a silent worker's queue: %s", exc)
+            return True
+        choice = self.choose(len(work.request.all_token_ids), work.request.model)
+        if choice.worker_id is None:
+            return False
+        work.routed_at = time.time()
+        await self.runtime.publish_work(choice.worker_id, work)
+        log.info("re-routed request %s to prefill worker %s", work.request.request_id, choice.worker_id)
+        return True
+
+
+async def serve(settings: PrefillBalancerSettings) -> int:
+    """Run one prefill-balancer until SIGTERM/SIGINT; the exit status."""
+    nc = await connect(settings.nats_url, "prefill-balancer")
+    await ensure_work_stream(nc.jetstream())
+    balancer = PrefillBalancer(nc, settings)
+    await balancer.runtime.start(balancer.reroute)
+    return await run_service(nc, balancer.service, on_shutdown=balancer.runtime.stop)

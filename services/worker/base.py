@@ -1,0 +1,223 @@
+"""What prefill and decode workers share: the engine loop, pulling work, token events, cancels,
+load reports. The role subclasses decide what a pulled message becomes and what a step's
+outputs lead to (prefill: hand-off; decode: nothing more).
+
+Three loops run on the asyncio thread while the engine computes on its own thread
+(`ComputeThread`): the engine loop (step, publish, repeat while there is work), the pull loop
+(fetch as many queued messages as there is room for: variable-size batches) and the report loop.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import time
+from typing import Any
+
+from nats.aio.client import Client
+
+from ferry.bus import Service, WorkConsumer, WorkItem, ensure_work_consumer
+from ferry.protocol import Cancel, ErrorEvent, GenerateRequest, LoadReport, OutputBatch, encode, subjects
+from ferry_services.worker.compute import ComputeThread
+from ferry_services.worker.events import batch_by_gateway
+from ferry_services.worker.recent import RecentIds
+from ferry_services.worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+MAX_FETCH = 32
+"""Most messages one pull asks for."""
+FETCH_WAIT_S = 1.0
+"""A pull waits this long for the first message (long poll: an idle worker does not spin)."""
+SHUTDOWN_GRACE_S = 20.0
+"""On SIGTERM, requests already in this worker get this long to finish."""
+
+
+class Worker(abc.ABC):
+    role = ""
+    work_type: type = object
+
+    def __init__(self, nc: Client, settings: WorkerSettings, engine: Any, store: Any) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.settings = settings
+        self.worker_id = settings.worker_id
+        self.engine = engine
+        self.store = store
+        self.namespace = store.namespace
+        self.compute = ComputeThread(engine)
+        self.requests: dict[str, GenerateRequest] = {}
+        """Every request this worker holds: queued in the engine, running, or in transfer."""
+        self.held: dict[str, WorkItem] = {}
+        """Pulled JetStream messages not settled yet, by request id."""
+        self.cancelled = RecentIds()
+        self.has_work = asyncio.Event()
+        self.has_room = asyncio.Event()
+        self.draining = False
+        self.consumer: WorkConsumer | None = None
+        self.tasks: set[asyncio.Task] = set()
+        self.service = Service(f"{self.role}-worker", description=f"ferry {self.role} worker",
+                               metadata={"worker_id": self.worker_id, "model": settings.model_name})
+        self.service.subscribe(subjects.CANCEL, Cancel, self.on_cancel)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.consumer = await ensure_work_consumer(self.js, self.role, self.worker_id,
+                                                   ack_wait_s=self.settings.ack_wait_s)
+
+    def background(self) -> list:
+        return [self.engine_loop(), self.pull_loop(), self.report_loop()]
+
+    async def shutdown(self) -> None:
+        """Stop pulling, tell the balancers, let what is here finish (bounded), give back the rest."""
+        self.draining = True
+        await self.publish_report()
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        while self.requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for request_id in list(self.held):
+            await self.settle(request_id, redeliver=True)
+        if self.consumer is not None:
+            await self.consumer.close()
+        self.compute.close()
+
+    # ---- the engine loop ---------------------------------------------------------------------
+    async def engine_loop(self) -> None:
+        while True:
+            if not self.engine.has_unfinished_requests():
+                self.has_work.clear()
+                await self.has_work.wait()
+                continue
+            outputs = await self.compute.call(self.step)
+            await self.after_step(outputs)
+            self.has_room.set()
+            if not outputs:  # e.g. everything waits for blocks: do not spin on the engine thread
+                await asyncio.sleep(0.001)
+
+    def step(self) -> Any:
+        """Runs on the engine thread."""
+        return self.engine.step()
+
+    async def after_step(self, outputs: Any) -> None:
+        await self.publish_outputs(outputs)
+        for out in outputs:
+            if out.finish_reason is not None:
+                self.forget(out.request_id)
+
+    async def publish_outputs(self, outputs: list) -> None:
+        gateway_of = {rid: r.gateway_id for rid, r in self.requests.items()}
+        for gateway_id, batch in batch_by_gateway(outputs, gateway_of, self.worker_id).items():
+            await self.nc.publish(subjects.out(gateway_id), encode(batch))
+
+    async def publish_error(self, request: GenerateRequest, code: str, message: str, retryable: bool) -> None:
+        error = ErrorEvent(request.request_id, code, message, retryable)
+        await self.nc.publish(subjects.out(request.gateway_id), encode(OutputBatch(self.worker_id, errors=[error])))
+
+    # ---- pulling -----------------------------------------------------------------------------
+    async def pull_loop(self) -> None:
+        assert self.consumer is not None, "start() first"
+        while not self.draining:
+            budget = self.pull_budget()
+            if budget <= 0:
+                self.has_room.clear()
+                await _wait(self.has_room, FETCH_WAIT_S)
+                continue
+            items = await self.consumer.fetch(min(budget, MAX_FETCH), self.work_type, timeout_s=FETCH_WAIT_S)
+            for item in items:
+                if self.draining:
+                    await item.nak()
+                else:
+                    await self.accept(item)
+
+    def pull_budget(self) -> int:
+        """How many more messages to pull now; the role refines it."""
+        return self.settings.max_running - len(self.requests)
+
+    @abc.abstractmethod
+    async def accept(self, item: WorkItem) -> None:
+        """Take one pulled message: hold it and start its work."""
+
+    def is_new(self, request_id: str) -> bool:
+        """False for a cancelled request or a redelivery of one already here."""
+        return request_id not in self.cancelled and request_id not in self.requests
+
+    def hold(self, request: GenerateRequest, item: WorkItem) -> None:
+        self.requests[request.request_id] = request
+        self.held[request.request_id] = item
+
+    async def settle(self, request_id: str, redeliver: bool = False) -> None:
+        """Ack (done, or handed on) or nak (give it back) the request's message, once."""
+        item = self.held.pop(request_id, None)
+        if item is None:
+            return
+        try:
+            await (item.nak() if redeliver else item.ack())
+        except Exception:  # connection closing: JetStream redelivers after ack_wait, which is safe
+            log.warning("could not settle the message of %s", request_id, exc_info=True)
+
+    def forget(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+
+    def spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("worker task failed", exc_info=task.exception())
+
+    # ---- cancel ------------------------------------------------------------------------------
+    async def on_cancel(self, cancel: Cancel) -> None:
+        for request_id in cancel.request_ids:
+            self.cancelled.add(request_id)
+            if request_id in self.requests:
+                await self.compute.call(self.engine.abort_request, request_id)
+                self.forget(request_id)
+                await self.settle(request_id)
+                log.info("cancelled %s (%s)", request_id, cancel.reason)
+        self.has_room.set()
+
+    # ---- load reports ------------------------------------------------------------------------
+    async def report_loop(self) -> None:
+        last_lease = time.monotonic()
+        while True:
+            await self.publish_report()
+            if time.monotonic() - last_lease > self.settings.ack_wait_s / 3:
+                last_lease = time.monotonic()
+                await self.extend_leases()
+            await asyncio.sleep(self.settings.load_interval_s)
+
+    async def extend_leases(self) -> None:
+        """Work held longer than ack_wait (long queues, hand-off retries) must not be redelivered."""
+        for item in list(self.held.values()):
+            try:
+                await item.in_progress()
+            except Exception:
+                log.debug("in_progress failed", exc_info=True)
+
+    def load_report(self) -> LoadReport:
+        stats = self.compute.stats
+        in_engine = stats.num_running + stats.num_waiting
+        return LoadReport(
+            worker_id=self.worker_id, role=self.role, model=self.settings.model_name,
+            kv_namespace=self.namespace, timestamp=time.time(), interval_s=self.settings.load_interval_s,
+            num_running=stats.num_running,
+            num_waiting=stats.num_waiting + max(0, len(self.requests) - in_engine),
+            num_queued_prefill_tokens=stats.num_queued_prefill_tokens,
+            kv_blocks_used=stats.kv_blocks_used, kv_blocks_total=stats.kv_blocks_total,
+            max_running=self.settings.max_running, block_size=self.settings.block_size,
+            draining=self.draining,
+        )
+
+    async def publish_report(self) -> None:
+        await self.nc.publish(subjects.load(self.role, self.worker_id), encode(self.load_report()))
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+    except asyncio.TimeoutError:
+        pass

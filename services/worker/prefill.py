@@ -1,0 +1,137 @@
+"""The prefill worker: prompt in, first token out at once, KV to the store, sequence handed on.
+
+Pulls `PrefillWork` from `ferry.work.prefill.<id>` while its token budget allows; each engine
+step's first tokens go to `ferry.out.<gateway>` right away (TTFT), then, while the next step
+computes, the sequence's KV blocks are written to the store (`KvStore.put_blocks`) and a
+`Handoff` is offered on `ferry.handoff` until a decode-balancer accepts it. Only then is the
+JetStream message acked, so a prefill worker that dies mid-way leaves its work to be redone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from ferry.bus import WorkItem
+from ferry.kvstore import KvStoreError
+from ferry.protocol import Handoff, HandoffReply, PrefillWork, ProtocolError, decode, encode, subjects
+from ferry_services.worker.base import Worker
+from ferry_services.worker.events import handoff_blocks
+
+log = logging.getLogger(__name__)
+
+HANDOFF_REQUEST_TIMEOUT_S = 5.0
+MAX_RETRY_DELAY_S = 1.0
+
+
+class PrefillWorker(Worker):
+    role = "prefill"
+    work_type = PrefillWork
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.prefilled: dict = {}
+        """PrefilledKV taken on the engine thread in `step`, by request id."""
+        self.num_handoffs = 0
+        self.num_kv_store_failures = 0
+
+    def pull_budget(self) -> int:
+        if self.compute.stats.num_queued_prefill_tokens >= self.settings.max_batch_tokens:
+            return 0  # the next steps are full already: leave the rest to less busy workers
+        return super().pull_budget()
+
+    async def accept(self, item: WorkItem) -> None:
+        request = item.msg.request
+        if not self.is_new(request.request_id):
+            if request.request_id in self.cancelled:
+                await item.ack()
+            return  # a redelivery of what we hold: the held copy gets settled
+        self.hold(request, item)
+        try:
+            await self.compute.call(self.engine.add_request, request.request_id, request.prompt_token_ids,
+                                    request.sampling, request.output_token_ids, request.arrival_time or None)
+        except ValueError as exc:  # does not fit this model: the client's fault, not retryable
+            await self.publish_error(request, "bad_request", str(exc), retryable=False)
+            self.forget(request.request_id)
+            await self.settle(request.request_id)
+            return
+        self.has_work.set()
+
+    def step(self) -> list:
+        """Runs on the engine thread: a step, then the KV of every sequence that got its first token."""
+        outputs = self.engine.step()
+        for out in outputs:
+            if out.finish_reason is None:
+                self.prefilled[out.request_id] = self.engine.take_prefilled(out.request_id)
+        return outputs
+
+    async def after_step(self, outputs: list) -> None:
+        await self.publish_outputs(outputs)
+        for out in outputs:
+            kv = self.prefilled.pop(out.request_id, None)
+            if out.finish_reason is not None:  # done at its first token (max_tokens=1, EOS)
+                self.forget(out.request_id)
+                await self.settle(out.request_id)
+            elif kv is not None and out.request_id in self.requests:
+                self.spawn(self.hand_off(out.request_id, out.new_token_ids, kv))
+
+    async def hand_off(self, request_id: str, new_token_ids: list[int], kv) -> None:
+        request = self.requests[request_id]
+        handoff = await self.store_kv(request, new_token_ids, kv)
+        accepted = await self.offer(handoff)
+        if request_id not in self.requests:
+            return  # cancelled meanwhile; on_cancel settled it
+        if accepted:
+            self.num_handoffs += 1
+        else:
+            await self.publish_error(request, "overloaded", "no decode worker took the sequence", retryable=True)
+        self.forget(request_id)
+        await self.settle(request_id)
+
+    async def store_kv(self, request, new_token_ids: list[int], kv) -> Handoff:
+        """Write the sequence's KV blocks; a store that fails means a hand-off without KV (recompute)."""
+        hashes, refs = handoff_blocks(request.all_token_ids, kv.num_tokens, self.settings.block_size,
+                                      kv.block_hashes)
+        num_kv_tokens = kv.num_tokens
+        try:
+            await self.store.put_blocks(hashes, kv.data)
+        except KvStoreError as exc:
+            self.num_kv_store_failures += 1
+            log.warning("KV of %s not stored (%s): the decode worker will recompute it", request.request_id, exc)
+            refs, num_kv_tokens = [], 0
+        onward = dataclasses.replace(request, output_token_ids=request.output_token_ids + list(new_token_ids))
+        return Handoff(request=onward, prefill_worker_id=self.worker_id, kv_namespace=self.namespace,
+                       kv_blocks=refs, num_kv_tokens=num_kv_tokens)
+
+    async def offer(self, handoff: Handoff) -> bool:
+        """Ask the decode-balancers until one accepts, the request is cancelled, or time is up."""
+        request_id = handoff.request.request_id
+        deadline = time.monotonic() + self.settings.handoff_timeout_s
+        delay_s = 0.05
+        while True:
+            reason = await self._offer_once(handoff)
+            if not reason:
+                return True
+            if request_id in self.cancelled or time.monotonic() + delay_s > deadline:
+                log.warning("hand-off of %s not accepted: %s", request_id, reason)
+                return False
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, MAX_RETRY_DELAY_S)
+
+    async def _offer_once(self, handoff: Handoff) -> str:
+        """'' when accepted, else why not."""
+        try:
+            reply = await self.nc.request(subjects.HANDOFF, encode(handoff), timeout=HANDOFF_REQUEST_TIMEOUT_S)
+            answer = decode(reply.data)
+        except (NatsTimeout, NoRespondersError, asyncio.TimeoutError):
+            return "no decode-balancer answered"
+        except ProtocolError as exc:
+            return f"unreadable reply: {exc}"
+        if isinstance(answer, HandoffReply):
+            return "" if answer.accepted else answer.reason or "rejected"
+        return f"{getattr(answer, 'code', '?')}: {getattr(answer, 'message', answer)}"

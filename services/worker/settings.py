@@ -1,0 +1,32 @@
+"""Worker settings, from `FERRY_*` environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from ferry.settings import ServiceSettings, default_instance_id
+
+
+class WorkerSettings(ServiceSettings):
+    role: str = Field(default="prefill", pattern=r"^(prefill|decode)$", description="prefill or decode")
+    model: str = Field(default="", description="checkpoint folder (config.json + safetensors + tokenizer)")
+    served_model_name: str = Field(default="", description="model name clients use; default: folder name")
+    worker_id: str = Field(default_factory=default_instance_id, pattern=r"^[A-Za-z0-9_-]+$",
+                           description="names this worker's subjects and consumer; unique per replica")
+    num_kv_blocks: int = Field(default=1024, ge=1, description="blocks in this worker's KV pool")
+    block_size: int = Field(default=16, ge=1, description="tokens per KV block")
+    max_running: int = Field(default=64, ge=1, description="most sequences in the engine at once")
+    max_batch_tokens: int = Field(default=2048, ge=1, description="token budget of one engine step")
+    load_interval_s: float = Field(default=1.0, gt=0, description="seconds between load reports")
+    device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:1, ...")
+    dtype: str = Field(default="", description="model dtype (float32, bfloat16, ...); '' keeps the checkpoint's")
+    handoff_timeout_s: float = Field(default=60.0, gt=0,
+                                     description="prefill: how long to retry a hand-off nobody takes")
+    ack_wait_s: float = Field(default=30.0, gt=0, description="JetStream lease of a pulled message")
+
+    @property
+    def model_name(self) -> str:
+        """The name clients send in `model` (the gateway's default is the same folder name)."""
+        return self.served_model_name or Path(self.model).name or "ferry"

@@ -1,0 +1,166 @@
+"""Both balancers against a real nats-server: load reports in, routed work in JetStream out,
+rejections, and the queue of a worker that falls silent moving to a live one."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from ferry.bus import ensure_work_consumer, ensure_work_stream
+from ferry.protocol import (
+    BlockRef,
+    GenerateRequest,
+    Handoff,
+    HandoffReply,
+    LoadReport,
+    PrefillWork,
+    SamplingParams,
+    SubmitReply,
+    SubmitRequest,
+    decode,
+    encode,
+    subjects,
+)
+from ferry_services.decode_balancer.service import DecodeBalancer
+from ferry_services.decode_balancer.settings import DecodeBalancerSettings
+from ferry_services.prefill_balancer.service import PrefillBalancer
+from ferry_services.prefill_balancer.settings import PrefillBalancerSettings
+
+pytestmark = pytest.mark.integration
+
+
+def report(worker_id, role="prefill", interval_s=5.0, **kw) -> LoadReport:
+    fields = dict(model="tiny", kv_namespace="ns", timestamp=time.time(), num_running=0, num_waiting=0,
+                  num_queued_prefill_tokens=0, kv_blocks_used=0, kv_blocks_total=64, max_running=4)
+    fields.update(kw)
+    return LoadReport(worker_id=worker_id, role=role, interval_s=interval_s, **fields)
+
+
+def request(i: int, num_tokens: int = 20) -> GenerateRequest:
+    return GenerateRequest(request_id=f"r{i}", gateway_id="gw", model="tiny",
+                           prompt_token_ids=list(range(1, num_tokens + 1)), sampling=SamplingParams())
+
+
+async def publish_reports(nc, *reports: LoadReport) -> None:
+    for r in reports:
+        await nc.publish(subjects.load(r.role, r.worker_id), encode(r))
+    await nc.flush()
+    await asyncio.sleep(0.1)  # the balancer's subscription runs on its own connection
+
+
+async def submit(nc, i: int, num_tokens: int = 20) -> SubmitReply:
+    reply = await nc.request(subjects.SUBMIT, encode(SubmitRequest(request(i, num_tokens))), timeout=5)
+    return decode(reply.data, SubmitReply)
+
+
+async def queued(js, role: str, worker_id: str, msg_type) -> list:
+    consumer = await ensure_work_consumer(js, role, worker_id)
+    try:
+        items = await consumer.fetch(100, msg_type, timeout_s=0.5)
+        for item in items:
+            await item.ack()
+        return [item.msg for item in items]
+    finally:
+        await consumer.close()
+
+
+@pytest.fixture
+async def prefill_balancer(nc, nats_url):
+    from ferry.bus import connect
+
+    own = await connect(nats_url, "prefill-balancer-test")
+    await ensure_work_stream(own.jetstream())
+    balancer = PrefillBalancer(own, PrefillBalancerSettings(max_queued_tokens=1000, tick_s=0.1))
+    await balancer.start()
+    yield balancer
+    await balancer.stop()
+    await own.close()
+
+
+@pytest.fixture
+async def decode_balancer(nc, nats_url):
+    from ferry.bus import connect
+
+    own = await connect(nats_url, "decode-balancer-test")
+    await ensure_work_stream(own.jetstream())
+    balancer = DecodeBalancer(own, DecodeBalancerSettings(tick_s=0.1))
+    await balancer.start()
+    yield balancer
+    await balancer.stop()
+    await own.close()
+
+
+async def test_submit_without_workers_says_no_workers(nc, prefill_balancer):
+    reply = await submit(nc, 0)
+    assert (reply.accepted, reply.reason) == (False, "no_workers")
+
+
+async def test_burst_is_spread_over_prefill_workers_and_queued_in_jetstream(nc, js, prefill_balancer):
+    await publish_reports(nc, report("pa"), report("pb"))
+    replies = [await submit(nc, i) for i in range(6)]
+    assert all(r.accepted for r in replies)
+    assert sorted(r.worker_id for r in replies) == ["pa"] * 3 + ["pb"] * 3
+    work = await queued(js, "prefill", "pa", PrefillWork)
+    assert sorted(w.request.request_id for w in work) == sorted(r.request_id for r in replies if r.worker_id == "pa")
+    assert work[0].request.prompt_token_ids == list(range(1, 21))
+
+
+async def test_full_prefill_workers_mean_overloaded(nc, prefill_balancer):
+    await publish_reports(nc, report("pa", num_queued_prefill_tokens=1000))
+    reply = await submit(nc, 0)
+    assert (reply.accepted, reply.reason, reply.retry_after_s) == (False, "overloaded", 1.0)
+
+
+async def test_silent_prefill_workers_queue_moves_to_a_live_worker(nc, js, prefill_balancer):
+    await ensure_work_consumer(js, "prefill", "dead")  # the worker made it, then died
+    await publish_reports(nc, report("dead", interval_s=0.2), report("live", num_queued_prefill_tokens=900))
+    replies = [await submit(nc, i, num_tokens=10) for i in range(3)]
+    assert [r.worker_id for r in replies] == ["dead"] * 3   # live is nearly full
+    await publish_reports(nc, report("live", num_queued_prefill_tokens=0))  # live keeps reporting
+    deadline = time.monotonic() + 5
+    while prefill_balancer.runtime.num_rerouted < 3 and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    moved = await queued(js, "prefill", "live", PrefillWork)
+    assert sorted(w.request.request_id for w in moved) == ["r0", "r1", "r2"]
+    assert (await submit(nc, 9)).worker_id == "live"
+    names = await consumer_names(js)
+    while subjects.work_consumer("prefill", "dead") in names and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        names = await consumer_names(js)
+    assert subjects.work_consumer("prefill", "dead") not in names  # emptied, then deleted
+    assert subjects.work_consumer("prefill", "live") in names
+
+
+async def consumer_names(js) -> set[str]:
+    return {c.name for c in await js.consumers_info(subjects.WORK_STREAM)}
+
+
+def handoff(i: int, num_kv_tokens: int = 20) -> Handoff:
+    blocks = [BlockRef(bytes([i]) * 16, 16), BlockRef(bytes([i + 1]) * 16, num_kv_tokens - 16)]
+    return Handoff(request=request(i, num_kv_tokens - 1), prefill_worker_id="pa", kv_namespace="ns",
+                   kv_blocks=blocks, num_kv_tokens=num_kv_tokens)
+
+
+async def hand_off(nc, i: int) -> HandoffReply:
+    reply = await nc.request(subjects.HANDOFF, encode(handoff(i)), timeout=5)
+    return decode(reply.data, HandoffReply)
+
+
+async def test_handoffs_respect_each_decode_workers_batch_cap(nc, js, decode_balancer):
+    await publish_reports(nc, report("da", "decode", max_running=2, num_running=1),
+                          report("db", "decode", max_running=3, num_running=1))
+    replies = [await hand_off(nc, i) for i in range(4)]
+    assert sorted(r.worker_id for r in replies[:3]) == ["da", "db", "db"]
+    assert (replies[3].accepted, replies[3].reason) == (False, "overloaded")
+    work = await queued(js, "decode", "da", Handoff)
+    assert [(h.request.request_id, h.decode_worker_id, h.num_kv_tokens) for h in work] == \
+        [(r.request_id, "da", 20) for r in replies[:3] if r.worker_id == "da"]
+
+
+async def test_decode_worker_without_free_blocks_gets_nothing(nc, decode_balancer):
+    await publish_reports(nc, report("da", "decode", kv_blocks_used=63))
+    reply = await hand_off(nc, 0)  # 20 tokens + the next one need 2 blocks
+    assert (reply.accepted, reply.reason) == (False, "overloaded")
+    assert (await nc.request(subjects.HANDOFF, b"junk", timeout=5)).data  # a bad message is answered

@@ -1,0 +1,176 @@
+"""ferry.bus.Service against a real nats-server: wrapped handlers, NATS micro discovery, pub/sub."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from nats.micro.service import ServiceInfo, ServiceStats
+
+from ferry.bus import BusError, Service
+from ferry.protocol import Cancel, ErrorReply, KvLookup, KvLookupReply, decode, encode
+
+pytestmark = pytest.mark.integration
+
+SUBJECT = "ferry.test.lookup"
+
+
+async def lookup(req: KvLookup) -> KvLookupReply:
+    if req.kv_namespace == "raise":
+        raise RuntimeError("handler exploded")
+    if req.kv_namespace == "multiline":
+        raise BusError("bad_request", "line one\r\nline two")
+    if req.kv_namespace == "refuse":
+        raise BusError("overloaded", "try later")
+    return KvLookupReply(num_cached_blocks=len(req.block_hashes))
+
+
+async def ask(nc, data: bytes):
+    reply = await nc.request(SUBJECT, data, timeout=2)
+    return reply, decode(reply.data)
+
+
+def lookup_bytes(namespace: str, num_blocks: int = 2) -> bytes:
+    return encode(KvLookup(kv_namespace=namespace, block_hashes=[bytes(16)] * num_blocks))
+
+
+async def micro(nc, verb: str, name: str = "lookup-svc") -> dict:
+    reply = await nc.request(f"$SRV.{verb}.{name}", b"", timeout=2)
+    return json.loads(reply.data)
+
+
+@pytest.fixture
+async def service(nc):
+    svc = Service("lookup-svc", version="1.2.3", description="test lookups")
+    svc.endpoint(SUBJECT, KvLookup, lookup, name="lookup")
+    await svc.start(nc)
+    yield svc
+    await svc.stop()
+
+
+async def test_handler_exception_becomes_error_reply_and_next_request_is_served(nc, service):
+    reply, msg = await ask(nc, lookup_bytes("raise"))
+    assert msg == ErrorReply(code="internal", message="RuntimeError('handler exploded')")
+    assert reply.headers["Nats-Service-Error-Code"] == "internal"
+
+    _, msg = await ask(nc, lookup_bytes("ok", num_blocks=3))
+    assert msg == KvLookupReply(num_cached_blocks=3)
+
+    stats = await micro(nc, "STATS")
+    (endpoint,) = stats["endpoints"]
+    assert stats["type"] == "io.nats.micro.v1.stats_response"
+    assert (endpoint["name"], endpoint["subject"]) == ("lookup", SUBJECT)
+    assert (endpoint["num_requests"], endpoint["num_errors"]) == (2, 1)
+    assert "handler exploded" in endpoint["last_error"]
+
+
+async def test_multiline_error_text_is_one_header_line_and_whole_in_the_reply(nc, service):
+    reply, msg = await ask(nc, lookup_bytes("multiline"))
+    assert msg == ErrorReply(code="bad_request", message="line one\r\nline two")
+    assert reply.headers["Nats-Service-Error"] == "line one line two"
+    _, msg = await ask(nc, lookup_bytes("ok"))
+    assert msg == KvLookupReply(num_cached_blocks=2)
+
+
+async def test_bus_error_answers_its_own_code(nc, service):
+    _, msg = await ask(nc, lookup_bytes("refuse"))
+    assert msg == ErrorReply(code="overloaded", message="try later")
+    assert service.stats()["lookup"].num_errors == 1
+
+
+@pytest.mark.parametrize("garbage", [b"\xc1\xff not msgpack", encode(Cancel(request_ids=["r1"])),
+                                     b"\x93\x01\xaakv_lookup\x81\xacblock_hashes\x01"])
+async def test_garbage_bytes_get_bad_request_and_the_service_survives(nc, service, garbage):
+    _, msg = await ask(nc, garbage)
+    assert isinstance(msg, ErrorReply) and msg.code == "bad_request"
+    assert msg.message  # names the problem
+
+    _, msg = await ask(nc, lookup_bytes("ok"))
+    assert msg == KvLookupReply(num_cached_blocks=2)
+    counts = service.stats()["lookup"]
+    assert (counts.num_requests, counts.num_errors) == (2, 1)
+
+
+async def test_ping_and_info_describe_the_service(nc, service):
+    ping = await micro(nc, "PING")
+    assert ping["type"] == "io.nats.micro.v1.ping_response"
+    assert (ping["name"], ping["version"], ping["id"]) == ("lookup-svc", "1.2.3", service.id)
+
+    info = await micro(nc, "INFO")
+    ServiceInfo.from_dict(info)  # parses as nats.micro's own client types
+    ServiceStats.from_dict(await micro(nc, "STATS"))
+    assert info["description"] == "test lookups"
+    assert [(e["name"], e["subject"], e["queue_group"]) for e in info["endpoints"]] == [
+        ("lookup", SUBJECT, "lookup-svc")
+    ]
+    # the all-services subject answers too (what `nats micro ls` asks)
+    reply = await nc.request("$SRV.PING", b"", timeout=2)
+    assert json.loads(reply.data)["name"] == "lookup-svc"
+
+
+async def test_replicas_share_requests_through_the_queue_group(nc, service):
+    second = Service("lookup-svc", version="1.2.3")
+    second.endpoint(SUBJECT, KvLookup, lookup, name="lookup")
+    await second.start(nc)
+    try:
+        for _ in range(40):
+            await ask(nc, lookup_bytes("ok"))
+        served = service.stats()["lookup"].num_requests, second.stats()["lookup"].num_requests
+        assert sum(served) == 40  # each request answered once, not once per replica
+        assert min(served) > 0
+    finally:
+        await second.stop()
+
+
+async def test_subscription_survives_garbage_and_handler_errors(nc):
+    received: list[list[str]] = []
+    got = asyncio.Event()
+
+    async def on_cancel(msg: Cancel) -> None:
+        if msg.request_ids == ["boom"]:
+            raise ValueError("bad cancel")
+        received.append(msg.request_ids)
+        got.set()
+
+    svc = Service("cancel-svc")
+    svc.subscribe("ferry.test.cancel", Cancel, on_cancel)
+    await svc.start(nc)
+    try:
+        await nc.publish("ferry.test.cancel", b"garbage")
+        await nc.publish("ferry.test.cancel", encode(Cancel(request_ids=["boom"])))
+        await nc.publish("ferry.test.cancel", encode(Cancel(request_ids=["r1", "r2"])))
+        await asyncio.wait_for(got.wait(), timeout=2)
+        assert received == [["r1", "r2"]]
+        counts = svc.stats()["ferry_test_cancel"]
+        assert (counts.kind, counts.queue_group, counts.num_requests, counts.num_errors) == ("subscription", "", 3, 2)
+    finally:
+        await svc.stop()
+
+
+async def test_stop_drains_and_leaves_discovery(nc, service):
+    await service.stop()
+    assert service.draining.is_set()
+    with pytest.raises(Exception):  # nobody answers any more: no responders / timeout
+        await nc.request(f"$SRV.PING.lookup-svc.{service.id}", b"", timeout=0.5)
+    with pytest.raises(Exception):
+        await nc.request(SUBJECT, lookup_bytes("ok"), timeout=0.5)
+
+
+async def test_handlers_run_inside_their_request_context(nc):
+    from ferry.logs import request_id_var
+    from ferry.protocol import GenerateRequest, SamplingParams, SubmitReply, SubmitRequest
+
+    async def submit(req: SubmitRequest) -> SubmitReply:
+        return SubmitReply(request_id=request_id_var.get() or "", accepted=True)
+
+    svc = Service("submit-svc")
+    svc.endpoint("ferry.test.submit", SubmitRequest, submit)
+    await svc.start(nc)
+    try:
+        request = GenerateRequest(request_id="req-5", gateway_id="gw", model="m", prompt_token_ids=[1],
+                                  sampling=SamplingParams())
+        reply = await nc.request("ferry.test.submit", encode(SubmitRequest(request=request)), timeout=2)
+        assert decode(reply.data) == SubmitReply(request_id="req-5", accepted=True)
+    finally:
+        await svc.stop()

@@ -1,0 +1,212 @@
+"""Prefill and decode workers with both balancers, over real nats-server and redis-server, in one
+process: the system's request path without the gateway. Greedy output equals the engine run
+in-process; KV really travels through Redis; cancel frees blocks; missing blocks are recomputed
+and counted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from ferry.bus import connect, ensure_work_stream
+from ferry.kvstore import KvStore, RedisTransport
+from ferry.protocol import (
+    Cancel,
+    GenerateRequest,
+    OutputBatch,
+    SamplingParams,
+    SubmitReply,
+    SubmitRequest,
+    decode,
+    encode,
+    subjects,
+)
+from ferry_services.decode_balancer.service import DecodeBalancer
+from ferry_services.decode_balancer.settings import DecodeBalancerSettings
+from ferry_services.prefill_balancer.service import PrefillBalancer
+from ferry_services.prefill_balancer.settings import PrefillBalancerSettings
+from ferry_services.worker.service import build_engine, make_worker
+from ferry_services.worker.settings import WorkerSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+PROMPTS = [list(range(3, 3 + n)) for n in (5, 16, 37, 70)]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from ferry.model.make_model import make_model
+
+    return make_model(tmp_path_factory.mktemp("tiny") / "tiny", "llama", "tiny")
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    """Greedy tokens of every prompt from the engine in-process (role 'both')."""
+    from ferry.engine import EngineConfig, LLMEngine
+
+    engine = LLMEngine.from_model_path(tiny_model, EngineConfig(num_kv_blocks=128))
+    tokens = {}
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", prompt, GREEDY)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+    return tokens
+
+
+class System:
+    """Both balancers and one worker per role, each on its own NATS connection."""
+
+    def __init__(self, nats_url: str, redis_url: str, model) -> None:
+        self.nats_url, self.redis_url, self.model = nats_url, redis_url, model
+        self.conns, self.tasks, self.stoppers = [], [], []
+        self.workers = {}
+
+    async def start(self) -> None:
+        for cls, settings in ((PrefillBalancer, PrefillBalancerSettings(tick_s=0.2)),
+                              (DecodeBalancer, DecodeBalancerSettings(tick_s=0.2))):
+            nc = await self._connect()
+            await ensure_work_stream(nc.jetstream())
+            balancer = cls(nc, settings)
+            await balancer.start()
+            self.stoppers.append(balancer.stop)
+        for role in ("prefill", "decode"):
+            await self.start_worker(role, f"{role}-t")
+
+    async def start_worker(self, role: str, worker_id: str, **overrides):
+        settings = WorkerSettings(role=role, model=str(self.model), worker_id=worker_id, num_kv_blocks=64,
+                                  max_running=8, load_interval_s=0.2, redis_url=self.redis_url, **overrides)
+        engine = await asyncio.to_thread(build_engine, settings)
+        nc = await self._connect()
+        transport = RedisTransport(self.redis_url)
+        worker = make_worker(nc, settings, engine, KvStore(transport, engine.lm.fingerprint))
+        await worker.start()
+        await worker.service.start(nc)
+        self.tasks += [asyncio.create_task(c) for c in worker.background()]
+        self.stoppers.append(transport.close)
+        self.workers[worker_id] = worker
+        return worker
+
+    async def _connect(self):
+        nc = await connect(self.nats_url, "ferry-test-system")
+        self.conns.append(nc)
+        return nc
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for worker in self.workers.values():
+            worker.compute.close()
+        for stop in self.stoppers:
+            with contextlib.suppress(Exception):
+                await stop()
+        for nc in self.conns:
+            await nc.close()
+
+
+@pytest.fixture
+async def system(nc, nats_url, redis_url, redis, tiny_model):
+    system = System(nats_url, redis_url, tiny_model)
+    await system.start()
+    await asyncio.sleep(0.5)  # first load reports reach the balancers
+    yield system
+    await system.stop()
+
+
+class Client:
+    """A gateway stand-in: submits, and gathers every token event of gateway 'gw'."""
+
+    def __init__(self, nc) -> None:
+        self.nc = nc
+        self.tokens: dict[str, list[int]] = {}
+        self.finished: dict[str, str] = {}
+        self.errors = []
+        self.workers_seen: dict[str, set[str]] = {}
+
+    async def start(self) -> None:
+        await self.nc.subscribe(subjects.out("gw"), cb=self._on_output)
+
+    async def _on_output(self, msg) -> None:
+        batch = decode(msg.data, OutputBatch)
+        self.errors += batch.errors
+        for event in batch.tokens:
+            got = self.tokens.setdefault(event.request_id, [])
+            assert event.index == len(got), f"{event.request_id}: index {event.index} after {len(got)} tokens"
+            got.extend(event.token_ids)
+            self.workers_seen.setdefault(event.request_id, set()).add(batch.worker_id)
+            if event.finish_reason:
+                self.finished[event.request_id] = event.finish_reason
+
+    async def submit(self, request_id: str, prompt: list[int], sampling=GREEDY) -> SubmitReply:
+        request = GenerateRequest(request_id=request_id, gateway_id="gw", model="tiny",
+                                  prompt_token_ids=prompt, sampling=sampling)
+        reply = await self.nc.request(subjects.SUBMIT, encode(SubmitRequest(request)), timeout=5)
+        return decode(reply.data, SubmitReply)
+
+    async def wait_finished(self, request_ids, timeout_s: float = 60.0) -> None:
+        async def done():
+            while not set(request_ids) <= set(self.finished) and not self.errors:
+                await asyncio.sleep(0.02)
+        await asyncio.wait_for(done(), timeout_s)
+
+
+@pytest.fixture
+async def client(nc):
+    c = Client(nc)
+    await c.start()
+    return c
+
+
+async def test_greedy_output_through_both_workers_equals_the_engine_in_process(system, client, reference):
+    replies = [await client.submit(f"r{i}", p) for i, p in enumerate(PROMPTS)]
+    assert all(r.accepted for r in replies), replies
+    await client.wait_finished([f"r{i}" for i in range(len(PROMPTS))])
+    assert client.errors == []
+    assert client.tokens == reference
+    assert set(client.finished.values()) == {"length"}
+    assert all(seen == {"prefill-t", "decode-t"} for seen in client.workers_seen.values())
+    decode_worker = system.workers["decode-t"]
+    assert (decode_worker.num_transferred, decode_worker.num_recomputed) == (len(PROMPTS), 0)
+    assert system.workers["prefill-t"].num_handoffs == len(PROMPTS)
+
+
+async def test_missing_kv_blocks_are_recomputed_counted_and_still_exact(system, client, reference, redis):
+    prefill = system.workers["prefill-t"]
+
+    class Forgetful:  # a store whose writes vanish, as if Redis evicted every block at once
+        namespace = prefill.store.namespace
+
+        async def put_blocks(self, hashes, data):
+            await prefill_store.put_blocks(hashes, data)
+            await redis.flushdb()
+
+    prefill_store, prefill.store = prefill.store, Forgetful()
+    await client.submit("r2", PROMPTS[2])
+    await client.wait_finished(["r2"])
+    assert client.tokens["r2"] == reference["r2"]
+    assert system.workers["decode-t"].num_recomputed == 1
+
+
+async def test_cancel_mid_stream_frees_blocks_on_every_worker(system, client):
+    long = SamplingParams(max_tokens=500, temperature=0, ignore_eos=True)  # 36 of the 64 blocks
+    assert (await client.submit("long", PROMPTS[3], long)).accepted
+    for _ in range(1000):
+        if len(client.tokens.get("long", [])) >= 5 or client.errors:
+            break
+        await asyncio.sleep(0.02)
+    assert client.errors == [] and len(client.tokens["long"]) >= 5
+    decode_worker = system.workers["decode-t"]
+    assert decode_worker.compute.stats.kv_blocks_used > 0
+    await client.nc.publish(subjects.CANCEL, encode(Cancel(["long"])))
+    for _ in range(200):
+        if all(w.compute.stats.kv_blocks_used == 0 and not w.requests for w in system.workers.values()):
+            break
+        await asyncio.sleep(0.05)
+    assert [(w.worker_id, w.compute.stats.kv_blocks_used, len(w.requests)) for w in system.workers.values()] \
+        == [("prefill-t", 0, 0), ("decode-t", 0, 0)]
+    assert "long" not in client.finished

@@ -1,0 +1,183 @@
+"""ops/k8s: every built-in resource validates against the Kubernetes JSON schemas that the
+kubernetes-validate package bundles (strict: unknown fields are errors); KEDA ScaledObjects (a
+CRD with no bundled schema) and the wiring between resources get structural checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from ferry.launcher import SERVICE_MODULES
+from ferry.protocol import subjects
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "ops/k8s"
+WORKLOADS = ("Deployment", "StatefulSet", "Job")
+
+
+def _load_all() -> list[dict]:
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+DOCS = _load_all()
+BUILTIN = [d for d in DOCS if not d["apiVersion"].startswith("keda.sh/")]
+SCALED_OBJECTS = [d for d in DOCS if d["kind"] == "ScaledObject"]
+
+
+def _by_kind(kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in DOCS if d["kind"] == kind}
+
+
+def _pod_spec(workload: dict) -> dict:
+    return workload["spec"]["template"]["spec"]
+
+
+def _containers(workload: dict) -> list[dict]:
+    spec = _pod_spec(workload)
+    return spec["containers"] + spec.get("initContainers", [])
+
+
+@pytest.mark.parametrize("doc", BUILTIN, ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_builtin_resources_match_the_kubernetes_schema(doc):
+    kubernetes_validate.validate(doc, kubernetes_validate.utils.latest_version(), strict=True)
+
+
+def test_schema_check_catches_a_typo():
+    deployment = dict(_by_kind("Deployment")["gateway"])
+    broken = {**deployment, "spec": {**deployment["spec"], "replicaz": 2}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, kubernetes_validate.utils.latest_version(), strict=True)
+
+
+def test_one_workload_per_role_and_everything_in_one_namespace():
+    names = {d["metadata"]["name"] for d in DOCS if d["kind"] in WORKLOADS}
+    assert {"gateway", "prefill-balancer", "decode-balancer", "prefill-worker", "decode-worker",
+            "kvcache", "nats", "redis", "model-init"} <= names
+    assert {d["metadata"].get("namespace") for d in DOCS if d["kind"] != "Namespace"} == {"ferry"}
+
+
+@pytest.mark.parametrize("workload", [d for d in DOCS if d["kind"] in ("Deployment", "StatefulSet")],
+                         ids=lambda d: d["metadata"]["name"])
+def test_selectors_match_their_pod_templates(workload):
+    selector = workload["spec"]["selector"]["matchLabels"]
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= labels.items()
+
+
+def test_services_select_pods_and_target_their_ports():
+    templates = [d for d in DOCS if d["kind"] in ("Deployment", "StatefulSet")]
+    for name, service in _by_kind("Service").items():
+        matches = [w for w in templates
+                   if service["spec"]["selector"].items() <= w["spec"]["template"]["metadata"]["labels"].items()]
+        assert matches, f"Service {name} selects no pods"
+        port_names = {p["name"] for w in matches for c in _containers(w) for p in c.get("ports", [])}
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in port_names, f"Service {name} targets missing port {port['targetPort']}"
+
+
+def test_statefulsets_have_their_governing_headless_service():
+    services = _by_kind("Service")
+    for name, sts in _by_kind("StatefulSet").items():
+        governing = services[sts["spec"]["serviceName"]]
+        assert governing["spec"]["clusterIP"] == "None", name
+
+
+def test_ferry_containers_run_ferry_entry_points_with_their_role():
+    for workload in (d for d in DOCS if d["kind"] in WORKLOADS):
+        for container in _pod_spec(workload)["containers"]:
+            command = container["command"]
+            if command[:2] != ["ferry", "serve"]:
+                continue
+            assert command[2] in SERVICE_MODULES, command
+            env = {e["name"]: e for e in container.get("env", [])}
+            if command[2] == "worker":
+                role = workload["metadata"]["name"].removesuffix("-worker")
+                assert env["FERRY_ROLE"]["value"] == role
+                assert env["FERRY_WORKER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+                assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+def test_referenced_secrets_and_configmaps_exist():
+    secrets = {name: set(s["stringData"]) for name, s in _by_kind("Secret").items()}
+    configmaps = set(_by_kind("ConfigMap"))
+    for workload in (d for d in DOCS if d["kind"] in WORKLOADS):
+        for container in _containers(workload):
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    assert ref["key"] in secrets[ref["name"]], ref
+            for source in container.get("envFrom", []):
+                assert source["configMapRef"]["name"] in configmaps
+        for volume in _pod_spec(workload).get("volumes", []):
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] in configmaps
+
+
+def test_server_configs_are_the_ones_in_ops():
+    nats_cm = _by_kind("ConfigMap")["nats-config"]["data"]
+    assert nats_cm["auth.conf"] == (ROOT / "ops/nats/auth.conf").read_text()
+    redis_cm = _by_kind("ConfigMap")["redis-config"]["data"]
+    assert redis_cm["redis.conf"] == (ROOT / "ops/redis/redis.conf").read_text()
+
+
+def test_nats_cluster_config_is_accepted_by_nats_server(tmp_path):
+    nats_cm = _by_kind("ConfigMap")["nats-config"]["data"]
+    for name, text in nats_cm.items():
+        (tmp_path / name).write_text(text)
+    sts = _by_kind("StatefulSet")["nats"]
+    assert sts["spec"]["replicas"] == 3
+    for i in range(3):  # a route per replica, through the headless Service
+        assert f"nats://nats-{i}.nats-headless.ferry.svc.cluster.local:6222" in nats_cm["nats.conf"]
+    env = dict(os.environ, POD_NAME="nats-0")
+    env.update({e["name"]: "pw" for e in _pod_spec(sts)["containers"][0]["env"] if "valueFrom" in e
+                and "secretKeyRef" in e["valueFrom"]})
+    binary = Path(sys.executable).parent / "nats-server"
+    result = subprocess.run([str(binary), "-c", str(tmp_path / "nats.conf"), "-t"],
+                            env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("scaled", SCALED_OBJECTS, ids=lambda d: d["metadata"]["name"])
+def test_scaled_objects_scale_workers_on_their_jetstream_backlog(scaled):
+    spec = scaled["spec"]
+    target = spec["scaleTargetRef"]
+    workload = _by_kind(target["kind"])[target["name"]]
+    assert workload["spec"]["template"]["spec"]["containers"][0]["command"] == ["ferry", "serve", "worker"]
+    role = target["name"].removesuffix("-worker")
+    assert 1 <= spec["minReplicaCount"] < spec["maxReplicaCount"]
+
+    jetstream = [t for t in spec["triggers"] if t["type"] == "nats-jetstream"]
+    assert len(jetstream) == 1
+    meta = jetstream[0]["metadata"]
+    assert meta["stream"] == subjects.WORK_STREAM
+    # pod 0's durable consumer, named the way the bus names it (always present: min >= 1)
+    assert meta["consumer"] == subjects.work_consumer(role, f"{target['name']}-0")
+    host, port = meta["natsServerMonitoringEndpoint"].rsplit(":", 1)
+    service = _by_kind("Service")[host.split(".")[0]]
+    assert int(port) in {p["port"] for p in service["spec"]["ports"]}
+    assert int(meta["lagThreshold"]) > 0 and jetstream[0]["metricType"] == "Value"
+
+
+@pytest.mark.parametrize("scaled", SCALED_OBJECTS, ids=lambda d: d["metadata"]["name"])
+def test_day_night_schedule_keeps_a_day_floor_above_the_night_floor(scaled):
+    spec = scaled["spec"]
+    cron = [t["metadata"] for t in spec["triggers"] if t["type"] == "cron"]
+    assert cron, "no day/night schedule"
+    for window in cron:
+        assert {"timezone", "start", "end", "desiredReplicas"} <= set(window)
+        assert len(window["start"].split()) == 5 and len(window["end"].split()) == 5
+        day = int(window["desiredReplicas"])
+        assert spec["minReplicaCount"] < day <= spec["maxReplicaCount"]
+        # DeepSeek's ratio: ~70 of 278 nodes at night, i.e. the night floor is about a quarter
+        assert 0.15 <= spec["minReplicaCount"] / day <= 0.35

@@ -1,0 +1,118 @@
+"""ops/Dockerfile: what the image installs is what compose runs.
+
+No Docker engine here, so the image's Python payload is rebuilt the way its builder stage does
+it: a wheel of the build context as ops/Dockerfile.dockerignore filters it. The wheel's console
+script and packages are the image's entry points; every compose command must be among them.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ferry.launcher import SERVICE_MODULES
+
+pytestmark = [pytest.mark.unit, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = (ROOT / "ops/Dockerfile").read_text()
+
+
+def _pattern_regex(pattern: str) -> re.Pattern:
+    out, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(out + r"\Z")
+
+
+def _dockerignore_rules() -> list[tuple[bool, re.Pattern]]:
+    rules = []
+    for line in (ROOT / "ops/Dockerfile.dockerignore").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keep = line.startswith("!")
+            rules.append((keep, _pattern_regex(line.lstrip("!").rstrip("/"))))
+    return rules
+
+
+def _in_context(rel: str, rules) -> bool:
+    """Docker's rule: the last pattern matching the path or one of its parents decides."""
+    parts = rel.split("/")
+    prefixes = ["/".join(parts[: n + 1]) for n in range(len(parts))]
+    included = True
+    for keep, regex in rules:
+        if any(regex.match(p) for p in prefixes):
+            included = keep
+    return included
+
+
+@pytest.fixture(scope="module")
+def context_files() -> list[str]:
+    rules = _dockerignore_rules()
+    tracked = [p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*")
+               if p.is_file() and ".venv" not in p.parts and ".git" not in p.parts]
+    return [rel for rel in tracked if _in_context(rel, rules)]
+
+
+@pytest.fixture(scope="module")
+def wheel(context_files, tmp_path_factory) -> zipfile.ZipFile:
+    context = tmp_path_factory.mktemp("context")
+    for rel in context_files:
+        (context / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, context / rel)
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(out), str(context)], check=True, capture_output=True)
+    return zipfile.ZipFile(next(out.glob("ferry-*.whl")))
+
+
+def test_context_holds_the_sources_and_nothing_heavy(context_files):
+    assert "pyproject.toml" in context_files and "libs/ferry/cli.py" in context_files
+    assert not [f for f in context_files if f.startswith(("tests/", "ops/", ".ci/")) or "__pycache__" in f]
+
+
+def test_image_has_the_ferry_console_script(wheel):
+    entry_points = next(n for n in wheel.namelist() if n.endswith("entry_points.txt"))
+    assert "ferry = ferry.cli:main" in wheel.read(entry_points).decode()
+
+
+def test_every_compose_command_runs_a_module_in_the_image(wheel):
+    names = set(wheel.namelist())
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    for service in compose["services"].values():
+        command = service.get("command")
+        if command and command[:2] == ["ferry", "serve"]:
+            package = SERVICE_MODULES[command[2]].replace(".", "/")
+            assert f"{package}/__main__.py" in names, f"{command} has no {package}/__main__.py"
+    assert "ferry/model/make_model.py" in names  # model-init's `ferry make-model`
+
+
+def test_dockerfile_is_multi_stage_non_root_with_both_variants():
+    stages = re.findall(r"^FROM (\S+) AS (\S+)", DOCKERFILE, re.M)
+    assert [name for _, name in stages] == ["builder", "runtime-cpu", "runtime-cuda", "runtime"]
+    assert ("runtime-${VARIANT}", "runtime") in stages  # the build argument picks the runtime
+    assert "COPY --from=builder /opt/venv /opt/venv" in DOCKERFILE
+    users = re.findall(r"^USER (\S+)", DOCKERFILE, re.M)
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    assert 'pip install "torch==${TORCH_VERSION}"' in DOCKERFILE
+    assert "ARG TORCH_VERSION=2.13.0" in DOCKERFILE
+    assert "cpu)  default_index=https://download.pytorch.org/whl/cpu" in DOCKERFILE
+    for source in re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE, re.M):
+        for path in source.split():
+            assert path.endswith("*") or (ROOT / path).exists(), path

@@ -1,0 +1,74 @@
+"""ops/prometheus + ops/grafana: Prometheus finds every (scaled) ferry service, and the dashboard
+plots only metrics that ferry.metrics defines, all of them."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ferry import metrics
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+FERRY_SERVICES = {"gateway", "prefill-balancer", "decode-balancer", "prefill-worker", "decode-worker", "kvcache"}
+SUFFIXES = ("_bucket", "_count", "_sum", "_total")
+
+
+def _exposed_names() -> set[str]:
+    return set(metrics.metric_names())
+
+
+def _base(name: str) -> str:
+    for suffix in SUFFIXES:
+        if name.endswith(suffix) and name[: -len(suffix)] in _exposed_names():
+            return name[: -len(suffix)]
+    return name
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict:
+    return json.loads((ROOT / "ops/grafana/dashboards/ferry.json").read_text())
+
+
+def test_prometheus_discovers_every_service_by_dns():
+    config = yaml.safe_load((ROOT / "ops/prometheus/prometheus.yml").read_text())
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    ferry_job = next(job for job in config["scrape_configs"] if job["job_name"] == "ferry")
+    names, ports = set(), set()
+    for sd in ferry_job["dns_sd_configs"]:
+        assert sd["type"] == "A"  # one record per replica: --scale adds targets
+        names |= set(sd["names"])
+        ports.add(sd["port"])
+    assert names == FERRY_SERVICES
+    assert names <= set(compose["services"])
+    served = {compose["services"][n]["environment"]["FERRY_METRICS_PORT"] for n in FERRY_SERVICES}
+    assert {str(p) for p in ports} == served
+
+
+def test_dashboard_plots_every_metric_and_only_real_ones(dashboard):
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {_base(n) for e in exprs for n in re.findall(r"\bferry_[a-z0-9_]+", e)}
+    assert used == _exposed_names()
+
+
+def test_dashboard_uses_the_provisioned_datasource(dashboard):
+    provisioned = yaml.safe_load((ROOT / "ops/grafana/provisioning/datasources/prometheus.yaml").read_text())
+    uid = provisioned["datasources"][0]["uid"]
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == uid
+        assert all(t["datasource"]["uid"] == uid for t in panel["targets"])
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_expressions_have_balanced_brackets(dashboard):
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for open_, close in ("()", "[]", "{}"):
+                assert expr.count(open_) == expr.count(close), expr
