@@ -22,7 +22,7 @@ from ferry_services.gateway.errors import APIError, install_error_handlers
 from ferry_services.gateway.generation import Generation
 from ferry_services.gateway.responses import (Envelope, Output, delta_chunk, full_body, role_chunk,
                                               usage_chunk)
-from ferry_services.gateway.schemas import ChatCompletionRequest, CompletionRequest, _Common
+from ferry_services.gateway.schemas import ChatCompletionRequest, CompletionRequest, CommonFields
 from ferry_services.gateway.settings import GatewaySettings
 from ferry_services.gateway.tokenizer import Tokenizer
 
@@ -71,7 +71,7 @@ def create_app(settings: GatewaySettings, tokenizer: Tokenizer, limits: ModelLim
         env = Envelope(id=request_id, model=limits.name, is_chat=True)
         return await _respond(request, body, generate, env, body.logprobs)
 
-    async def _respond(request: Request, body: _Common, generate: GenerateRequest, env: Envelope,
+    async def _respond(request: Request, body: CommonFields, generate: GenerateRequest, env: Envelope,
                        want_logprobs: bool) -> Response:
         gen = Generation(bus, generate, settings.request_timeout_s)
         await gen.start(settings.max_inflight, settings.retry_after_s, time.monotonic())

@@ -14,7 +14,7 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from ferry.bus import Service, connect
+from ferry.bus import Service, connect, drain_or_close
 from ferry.protocol import (Cancel, ErrorReply, GenerateRequest, LoadReport, OutputBatch, ProtocolError,
                             SubmitReply, SubmitRequest, decode, encode, subjects)
 
@@ -62,11 +62,7 @@ class GatewayBus:
             return
         nc, self._nc = self._nc, None
         await self._service.stop()
-        try:
-            await nc.drain()
-        except Exception:  # reconnecting or closed (nats-server stopped first): nothing to flush to
-            log.warning("NATS drain failed; closing", exc_info=True)
-            await nc.close()
+        await drain_or_close(nc)
 
     async def _on_output(self, batch: OutputBatch) -> None:
         self.tracker.deliver(batch)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ferry.protocol import GenerateRequest, SamplingParams
 
 from ferry_services.gateway.errors import APIError, bad_request
-from ferry_services.gateway.schemas import ChatCompletionRequest, CompletionRequest, _Common
+from ferry_services.gateway.schemas import ChatCompletionRequest, CompletionRequest, CommonFields
 from ferry_services.gateway.tokenizer import Tokenizer
 
 
@@ -24,6 +24,14 @@ class ModelLimits:
     """Prompt + generated tokens may not exceed this."""
     vocab_size: int
     """Token ids in a prompt must be below this (0 = unchecked)."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("name: must not be empty")
+        if self.max_context_len < 2:
+            raise ValueError(f"max_context_len={self.max_context_len}: must be >= 2 (a prompt and a token)")
+        if self.vocab_size < 0:
+            raise ValueError(f"vocab_size={self.vocab_size}: must be >= 0")
 
 
 def check_model(requested: str, limits: ModelLimits) -> None:
@@ -71,8 +79,7 @@ def resolve_max_tokens(requested: int | None, field_name: str, prompt_field: str
     if room < 1:
         raise APIError(400, f"This model's maximum context length is {limits.max_context_len} tokens, "
                             f"but the prompt has {num_prompt_tokens} tokens.",
-                       param=prompt_field,
-                       code="context_length_exceeded")
+                       param=prompt_field, code="context_length_exceeded")
     if requested is None:
         return room if default is None else min(default, room)
     if requested > room:
@@ -82,7 +89,7 @@ def resolve_max_tokens(requested: int | None, field_name: str, prompt_field: str
     return requested
 
 
-def sampling_params(body: _Common, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def sampling_params(body: CommonFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
     try:
         return SamplingParams(
             max_tokens=max_tokens, min_tokens=body.min_tokens,
@@ -110,7 +117,7 @@ def completion_to_generate(body: CompletionRequest, tokenizer: Tokenizer, limits
     ids = completion_prompt_ids(body, tokenizer, limits)
     explicit = body.max_tokens if "max_tokens" in body.model_fields_set else None
     max_tokens = resolve_max_tokens(explicit, "max_tokens", "prompt", len(ids), limits, default=16)
-    return _generate(body, ids, sampling_params(body, max_tokens, body.logprobs), limits, request_id, gateway_id)
+    return _generate(ids, sampling_params(body, max_tokens, body.logprobs), limits, request_id, gateway_id)
 
 
 def chat_to_generate(body: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLimits,
@@ -120,10 +127,10 @@ def chat_to_generate(body: ChatCompletionRequest, tokenizer: Tokenizer, limits: 
     ids = chat_prompt_ids(body, tokenizer)
     field_name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(body.requested_max_tokens, field_name, "messages", len(ids), limits, default=None)
-    return _generate(body, ids, sampling_params(body, max_tokens, logprobs), limits, request_id, gateway_id)
+    return _generate(ids, sampling_params(body, max_tokens, logprobs), limits, request_id, gateway_id)
 
 
-def _generate(body: _Common, ids: list[int], sampling: SamplingParams, limits: ModelLimits,
-              request_id: str, gateway_id: str) -> GenerateRequest:
+def _generate(ids: list[int], sampling: SamplingParams, limits: ModelLimits, request_id: str,
+              gateway_id: str) -> GenerateRequest:
     return GenerateRequest(request_id=request_id, gateway_id=gateway_id, model=limits.name,
                            prompt_token_ids=ids, sampling=sampling, arrival_time=time.time())

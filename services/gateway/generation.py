@@ -50,6 +50,8 @@ class Generation:
         if len(self.bus.tracker) >= max_inflight:
             raise APIError(429, f"the gateway has {max_inflight} requests in flight; retry later",
                            code="overloaded", retry_after_s=retry_after_s)
+        if not self.bus.is_connected:
+            raise APIError(503, "the gateway is not connected to the message bus", code="bus_unavailable")
         missing = self.bus.workers.missing_roles(now)
         if missing:
             raise APIError(503, f"no {' or '.join(missing)} worker is alive", code="no_workers")

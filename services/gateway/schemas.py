@@ -15,7 +15,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Common(BaseModel):
+class CommonFields(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model_config = ConfigDict(extra="ignore")
@@ -61,7 +61,7 @@ class _Common(BaseModel):
 Prompt = Union[str, list[int], list[str], list[list[int]]]
 
 
-class CompletionRequest(_Common):
+class CompletionRequest(CommonFields):
     prompt: Prompt
     max_tokens: int | None = Field(default=16, ge=1)
     logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -89,7 +89,7 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class ChatCompletionRequest(_Common):
+class ChatCompletionRequest(CommonFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)

@@ -10,7 +10,7 @@ from ferry.settings import ServiceSettings, default_instance_id
 
 
 class GatewaySettings(ServiceSettings):
-    model: str = Field(min_length=1, description="checkpoint folder (config.json + tokenizer.json); no weights are read")
+    model: str = Field(min_length=1, description="checkpoint folder; only config.json + tokenizer files are read")
     served_model_name: str = Field(default="", description="model name clients use; default: folder name")
     gateway_id: str = Field(default_factory=default_instance_id, pattern=r"^[A-Za-z0-9_-]+$",
                             description="names this gateway's ferry.out.<id> subject; unique per replica")

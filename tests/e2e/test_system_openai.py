@@ -71,17 +71,12 @@ def test_greedy_output_through_the_system_equals_ferry_generate(system, tmp_path
 async def watch(nats_url: str, subject: str, msg_type, sink: list):
     from ferry.bus import connect
 
+    async def collect(msg) -> None:
+        sink.append(decode(msg.data, msg_type))
+
     nc = await connect(nats_url, "e2e-watch")
-    await nc.subscribe(subject, cb=lambda msg: _collect(msg, msg_type, sink))
+    await nc.subscribe(subject, cb=collect)
     return nc
-
-
-async def _collect(msg, msg_type, sink: list) -> None:
-    sink.append(decode(msg.data, msg_type))
-
-
-def system_worker_ids(system) -> set[str]:
-    return {name for name in system.pids if name.startswith("worker-")}
 
 
 async def test_every_worker_receives_work_under_load(system, nats_url):
@@ -96,11 +91,8 @@ async def test_every_worker_receives_work_under_load(system, nats_url):
     await nc.close()
     await client.close()
     emitting = {b.worker_id for b in batches if b.tokens}
-    suffixes = {w.rsplit("-", 1)[-1] for w in emitting}
-    ours = {w for w in emitting if w.split("-")[0] in ("prefill", "decode")}
-    # the launcher names workers <role>-<i>-<tag>: 2 prefill and 2 decode must all have emitted tokens
-    assert sorted(w.rsplit("-", 1)[0] for w in ours) == ["decode-0", "decode-1", "prefill-0", "prefill-1"], \
-        (emitting, suffixes)
+    # the launcher names workers <role>-<i>-<tag>: both prefill and both decode workers emitted tokens
+    assert sorted(w.rsplit("-", 1)[0] for w in emitting) == ["decode-0", "decode-1", "prefill-0", "prefill-1"]
 
 
 async def test_cancelled_stream_frees_its_blocks_on_every_worker(system, nats_url):
@@ -109,12 +101,11 @@ async def test_cancelled_stream_frees_its_blocks_on_every_worker(system, nats_ur
     client = async_client(system)
     stream = await client.completions.create(model=system.model_name, prompt=PROMPTS[1], stream=True,
                                              temperature=0, max_tokens=1500, extra_body={"ignore_eos": True})
-    received = 0
-    async for chunk in stream:
-        received += 1
-        if received == 5:
+    busy = []
+    async for _ in stream:  # stream until a load report shows the request holding blocks
+        busy = [r for r in reports if r.kv_blocks_used > 0 and r.num_running > 0]
+        if busy:
             break
-    busy = [r for r in reports[-8:] if r.kv_blocks_used > 0]
     await stream.close()  # the client disconnects mid-stream
     await asyncio.sleep(0.5)
     start = len(reports)
@@ -126,4 +117,5 @@ async def test_cancelled_stream_frees_its_blocks_on_every_worker(system, nats_ur
     await nc.close()
     await client.close()
     assert busy, "no worker held KV blocks while the request streamed"
+    assert len(latest) >= 4
     assert {w: (r.kv_blocks_used, r.num_running) for w, r in latest.items()} == {w: (0, 0) for w in latest}

@@ -8,6 +8,7 @@ downloaded at test time). Interpolation (`${VAR:-default}`) is resolved with the
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from importlib.resources import files
@@ -119,12 +120,22 @@ def test_depends_on_waits_for_health_that_exists(compose):
                 assert cond["condition"] == "service_healthy"
 
 
-def test_environment_names_are_settings_ferry_knows(compose):
-    documented = set(re.findall(r"FERRY_[A-Z_]+", (ROOT / "docs/internals.md").read_text()))
-    base = {f"FERRY_{name.upper()}" for name in ServiceSettings.model_fields}
-    for name in FERRY_SERVICES:
-        unknown = set(compose["services"][name]["environment"]) - documented - base
-        assert not unknown, f"{name} sets settings no service reads: {unknown}"
+def _settings_env_names(service_name: str) -> set[str]:
+    """FERRY_* variables the service's settings class reads (`ferry serve <service_name>`)."""
+    module = importlib.import_module(SERVICE_MODULES[service_name] + ".settings")
+    classes = [c for c in vars(module).values()
+               if isinstance(c, type) and issubclass(c, ServiceSettings) and c is not ServiceSettings]
+    return {"FERRY_" + field.upper() for c in classes for field in c.model_fields}
+
+
+@pytest.mark.parametrize("name", ["compose.yaml", "compose.gpu.yaml"])
+def test_environment_names_are_settings_the_service_reads(name):
+    services = _load(name)[1]["services"]
+    for service_name in FERRY_SERVICES:
+        environment = services[service_name].get("environment", {})
+        base = _load("compose.yaml")[1]["services"][service_name]
+        unknown = set(environment) - _settings_env_names(base["command"][2])
+        assert not unknown, f"{name}: {service_name} sets settings it does not read: {unknown}"
 
 
 def test_nats_urls_carry_each_services_own_user(compose):
@@ -172,3 +183,20 @@ def test_monitoring_is_a_profile(compose):
         assert compose["services"][name]["profiles"] == ["monitoring"]
     for name in FERRY_SERVICES:
         assert "profiles" not in compose["services"][name]  # plain `up` starts the system
+
+
+@pytest.mark.slow
+def test_model_init_command_runs_once(compose, tmp_path):
+    """model-init's own command, run by sh as the container would: makes the demo model, then keeps it."""
+    import os
+    import subprocess
+    import sys
+
+    command = compose["services"]["model-init"]["command"]
+    env = dict(os.environ, FERRY_MODEL=str(tmp_path / "demo"))
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # the venv's `ferry`
+    first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert (tmp_path / "demo/config.json").exists() and (tmp_path / "demo/tokenizer.json").exists()
+    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0 and f"model-init: using {tmp_path / 'demo'}" in second.stdout

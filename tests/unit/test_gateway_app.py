@@ -129,7 +129,7 @@ def test_max_tokens_beyond_the_context_names_the_field(client):
                  "max_completion_tokens", "context_length_exceeded")
 
 
-def test_a_valid_request_without_live_workers_is_a_503(client):
-    error = assert_error(client.post("/v1/chat/completions", json=chat()), 503, None, "no_workers")
-    assert "prefill" in error["message"]
-    assert_error(client.post("/v1/completions", json=completion(stream=True)), 503, None, "no_workers")
+def test_a_valid_request_without_a_bus_is_a_503(client):
+    error = assert_error(client.post("/v1/chat/completions", json=chat()), 503, None, "bus_unavailable")
+    assert "message bus" in error["message"]
+    assert_error(client.post("/v1/completions", json=completion(stream=True)), 503, None, "bus_unavailable")

@@ -4,6 +4,7 @@ CRD with no bundled schema) and the wiring between resources get structural chec
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import yaml
 
 from ferry.launcher import SERVICE_MODULES
 from ferry.protocol import subjects
+from ferry.settings import ServiceSettings
 
 pytestmark = pytest.mark.unit
 
@@ -37,6 +39,18 @@ SCALED_OBJECTS = [d for d in DOCS if d["kind"] == "ScaledObject"]
 
 def _by_kind(kind: str) -> dict[str, dict]:
     return {d["metadata"]["name"]: d for d in DOCS if d["kind"] == kind}
+
+
+# Passwords come in as variables so that FERRY_NATS_URL / FERRY_REDIS_URL can embed them.
+SECRET_VARS = {k for d in DOCS if d["kind"] == "Secret" for k in d["stringData"]}
+
+
+def _settings_env_names(service_name: str) -> set[str]:
+    """FERRY_* variables the service's settings class reads (`ferry serve <service_name>`)."""
+    module = importlib.import_module(SERVICE_MODULES[service_name] + ".settings")
+    classes = [c for c in vars(module).values()
+               if isinstance(c, type) and issubclass(c, ServiceSettings) and c is not ServiceSettings]
+    return {"FERRY_" + field.upper() for c in classes for field in c.model_fields}
 
 
 def _pod_spec(workload: dict) -> dict:
@@ -101,6 +115,8 @@ def test_ferry_containers_run_ferry_entry_points_with_their_role():
                 continue
             assert command[2] in SERVICE_MODULES, command
             env = {e["name"]: e for e in container.get("env", [])}
+            unknown = {n for n in env if n.startswith("FERRY_")} - _settings_env_names(command[2]) - SECRET_VARS
+            assert not unknown, f"{workload['metadata']['name']} sets settings it does not read: {unknown}"
             if command[2] == "worker":
                 role = workload["metadata"]["name"].removesuffix("-worker")
                 assert env["FERRY_ROLE"]["value"] == role
@@ -126,9 +142,10 @@ def test_referenced_secrets_and_configmaps_exist():
 
 def test_server_configs_are_the_ones_in_ops():
     nats_cm = _by_kind("ConfigMap")["nats-config"]["data"]
-    assert nats_cm["auth.conf"] == (ROOT / "ops/nats/auth.conf").read_text()
+    stale = "stale copy: run python ops/k8s/sync_configs.py"
+    assert nats_cm["auth.conf"] == (ROOT / "ops/nats/auth.conf").read_text(), stale
     redis_cm = _by_kind("ConfigMap")["redis-config"]["data"]
-    assert redis_cm["redis.conf"] == (ROOT / "ops/redis/redis.conf").read_text()
+    assert redis_cm["redis.conf"] == (ROOT / "ops/redis/redis.conf").read_text(), stale
 
 
 def test_nats_cluster_config_is_accepted_by_nats_server(tmp_path):

@@ -7,6 +7,7 @@ script and packages are the image's entry points; every compose command must be 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -65,9 +66,12 @@ def _in_context(rel: str, rules) -> bool:
 @pytest.fixture(scope="module")
 def context_files() -> list[str]:
     rules = _dockerignore_rules()
-    tracked = [p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*")
-               if p.is_file() and ".venv" not in p.parts and ".git" not in p.parts]
-    return [rel for rel in tracked if _in_context(rel, rules)]
+    found = []
+    for folder, dirs, names in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in (".venv", ".git")]  # big, and ignored by the rules anyway
+        rel_folder = Path(folder).relative_to(ROOT).as_posix()
+        found += [n if rel_folder == "." else f"{rel_folder}/{n}" for n in names]
+    return [rel for rel in found if _in_context(rel, rules)]
 
 
 @pytest.fixture(scope="module")

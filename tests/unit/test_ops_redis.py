@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +50,7 @@ def redis_port(tmp_path_factory):
 
 
 def test_password_is_required(redis_port):
-    anonymous = redis.Redis(port=redis_port)
+    anonymous = redis.Redis(port=redis_port, retry=Retry(NoBackoff(), 0))  # fail at once, no retries
     with pytest.raises(redis.AuthenticationError):
         anonymous.get("anything")
     assert redis.Redis(port=redis_port, password=PASSWORD).ping()
@@ -60,6 +62,8 @@ def test_config_is_an_unpersisted_lru_cache(redis_port):
     assert r.config_get("maxmemory") == {"maxmemory": str(64 * 1024 * 1024)}
     assert r.config_get("save") == {"save": ""}
     assert r.config_get("appendonly") == {"appendonly": "no"}
+    # what the kvcache service subscribes to: generic, string, expired, evicted key events
+    assert set(r.config_get("notify-keyspace-events")["notify-keyspace-events"]) == set("Eg$xe")
 
 
 def test_filling_past_maxmemory_evicts_instead_of_failing(redis_port):

@@ -1,9 +1,13 @@
 """`ferry bench --offline`: the engine in-process, dynamic vs static batching vs transformers.
 
 Every system runs in this one process on the same checkpoint, the same seeded workload and the
-same thread count, one after the other, so the ratios are side by side. Offline: all requests
-arrive at once (throughput). Online: Poisson arrivals at rates set relative to static batching's
-measured capacity (latency under load). Writes report.json and PNG plots.
+same thread count. They run side by side: the systems take turns, one unit of work each (an
+engine step, a `generate` call), so load from other processes on a shared machine hits them
+alike. Each system keeps its own clock, which advances by the measured duration of its own work
+(and jumps over idle gaps to the next arrival): throughput and latencies are what the system would
+show running alone at that speed. Offline: all requests arrive at once (throughput). Online:
+Poisson arrivals at rates set relative to static batching's measured capacity (latency under
+load). Writes report.json and PNG plots.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -58,74 +63,97 @@ class OfflineConfig:
 
 @dataclass(slots=True)
 class RunResult:
-    """One system on one arrival schedule."""
+    """One system on one arrival schedule; times on the system's own clock (see module doc)."""
 
     system: str
     rate_rps: float
-    wall_s: float
-    output_tokens: int
-    ttft_s: list[float]
-    tpot_s: list[float]
-    e2e_s: list[float]
+    busy_s: float = 0.0
+    """The system's clock at the end: its own work plus idle gaps waiting for arrivals."""
+    output_tokens: int = 0
+    ttft_s: list[float] = field(default_factory=list)
+    tpot_s: list[float] = field(default_factory=list)
+    e2e_s: list[float] = field(default_factory=list)
     engine_stats: dict | None = None
 
     def summary(self) -> dict:
         n = len(self.e2e_s)
         return {"system": self.system, "offered_rps": None if math.isinf(self.rate_rps) else self.rate_rps,
-                "num_requests": n, "wall_s": self.wall_s, "output_tokens": self.output_tokens,
-                "output_tokens_per_s": self.output_tokens / self.wall_s, "requests_per_s": n / self.wall_s,
+                "num_requests": n, "busy_s": self.busy_s, "output_tokens": self.output_tokens,
+                "output_tokens_per_s": self.output_tokens / self.busy_s, "requests_per_s": n / self.busy_s,
                 "ttft_ms": latency_summary(self.ttft_s), "tpot_ms": latency_summary(self.tpot_s),
                 "e2e_ms": latency_summary(self.e2e_s), "engine": self.engine_stats}
 
 
-def run_engine(lm: LoadedModel, config: EngineConfig, requests: list[WorkloadRequest], arrivals: list[float],
-               name: str, progress: bool) -> RunResult:
-    """Feed requests at their arrival times, step until all finish; times per request."""
+Turns = Iterator[int]
+"""A system under test: each next() does one unit of work (an engine step, a generate call) and
+yields how many requests finished in it; its return value is the RunResult."""
+
+
+def side_by_side(systems: dict[str, Turns], total: int, progress: bool) -> dict[str, RunResult]:
+    """Let the systems take turns, one unit of work each, until all are done."""
+    results: dict[str, RunResult] = {}
+    active = dict(systems)
+    with tqdm(total=total, desc="bench", unit="req", disable=not progress) as bar:
+        while active:
+            for name, turns in list(active.items()):
+                try:
+                    bar.update(next(turns))
+                except StopIteration as done:
+                    results[name] = done.value
+                    del active[name]
+    return results
+
+
+def engine_turns(lm: LoadedModel, config: EngineConfig, requests: list[WorkloadRequest],
+                 arrivals: list[float], name: str) -> Turns:
+    """The engine as a system: requests join when its clock passes their arrival time."""
     engine = LLMEngine(lm, config)
     _warm_up(engine)
     before = engine.stats()
+    result = RunResult(name, _rate(arrivals), output_tokens=sum(r.max_tokens for r in requests))
     order = sorted(range(len(requests)), key=lambda i: arrivals[i])
     first_s: dict[int, float] = {}
-    ttft, tpot, e2e = [], [], []
-    start, nxt = time.perf_counter(), 0
-    with tqdm(total=len(requests), desc=name, unit="req", disable=not progress, leave=False) as bar:
-        while nxt < len(order) or engine.has_unfinished_requests():
-            now = time.perf_counter() - start
-            while nxt < len(order) and arrivals[order[nxt]] <= now:
-                req = requests[order[nxt]]
-                engine.add_request(str(req.index), req.prompt_token_ids, _sampling(req))
-                nxt += 1
-            if not engine.has_unfinished_requests():
-                time.sleep(max(0.0, arrivals[order[nxt]] - now))
-                continue
-            outputs = engine.step()
-            now = time.perf_counter() - start
-            for out in outputs:
-                i = int(out.request_id)
-                first_s.setdefault(i, now)
-                if out.finish_reason is not None:
-                    n_out = out.index + len(out.new_token_ids)
-                    ttft.append(first_s[i] - arrivals[i])
-                    e2e.append(now - arrivals[i])
-                    if n_out > 1:
-                        tpot.append((now - first_s[i]) / (n_out - 1))
-                    bar.update(1)
-    wall = time.perf_counter() - start
-    stats = engine.stats()
-    num_prompt = sum(len(r.prompt_token_ids) for r in requests)
-    engine_stats = {"num_computed_tokens": stats.num_computed_tokens - before.num_computed_tokens,
-                    "num_cached_tokens": stats.num_cached_tokens - before.num_cached_tokens,
-                    "kv_hit_rate": (stats.num_cached_tokens - before.num_cached_tokens) / num_prompt,
-                    "num_preemptions": stats.num_preemptions, "num_steps": stats.num_steps - before.num_steps,
-                    "mean_batch_size": _mean_batch(before, stats), "kv_blocks_total": stats.kv_blocks_total}
-    return RunResult(name, _rate(arrivals), wall, sum(r.max_tokens for r in requests), ttft, tpot, e2e,
-                     engine_stats)
+    clock, nxt = 0.0, 0
+    while nxt < len(order) or engine.has_unfinished_requests():
+        if not engine.has_unfinished_requests() and arrivals[order[nxt]] > clock:
+            clock = arrivals[order[nxt]]  # idle until the next arrival
+        started = time.perf_counter()
+        while nxt < len(order) and arrivals[order[nxt]] <= clock:
+            req = requests[order[nxt]]
+            engine.add_request(str(req.index), req.prompt_token_ids, _sampling(req))
+            nxt += 1
+        outputs = engine.step()
+        clock += time.perf_counter() - started
+        yield _record(outputs, clock, arrivals, first_s, result)
+    result.busy_s = clock
+    result.engine_stats = _engine_stats(before, engine.stats(), requests)
+    return result
 
 
-def _mean_batch(before, after) -> float:
+def _record(outputs, clock: float, arrivals: list[float], first_s: dict[int, float], result: RunResult) -> int:
+    finished = 0
+    for out in outputs:
+        i = int(out.request_id)
+        first_s.setdefault(i, clock)
+        if out.finish_reason is not None:
+            num_out = out.index + len(out.new_token_ids)
+            result.ttft_s.append(first_s[i] - arrivals[i])
+            result.e2e_s.append(clock - arrivals[i])
+            if num_out > 1:
+                result.tpot_s.append((clock - first_s[i]) / (num_out - 1))
+            finished += 1
+    return finished
+
+
+def _engine_stats(before, after, requests: list[WorkloadRequest]) -> dict:
     steps = after.num_steps - before.num_steps
     scheduled = after.mean_batch_size * after.num_steps - before.mean_batch_size * before.num_steps
-    return scheduled / max(steps, 1)
+    cached = after.num_cached_tokens - before.num_cached_tokens
+    return {"num_computed_tokens": after.num_computed_tokens - before.num_computed_tokens,
+            "num_cached_tokens": cached,
+            "kv_hit_rate": cached / sum(len(r.prompt_token_ids) for r in requests),
+            "num_preemptions": after.num_preemptions, "num_steps": steps,
+            "mean_batch_size": scheduled / max(steps, 1), "kv_blocks_total": after.kv_blocks_total}
 
 
 def _sampling(req: WorkloadRequest) -> SamplingParams:
@@ -142,21 +170,22 @@ def _rate(arrivals: list[float]) -> float:
     return math.inf if all(a == 0 for a in arrivals) else (len(arrivals) - 1) / max(arrivals[-1], 1e-9)
 
 
-def run_transformers(model_dir: Path, requests: list[WorkloadRequest], batch_size: int, progress: bool) -> RunResult:
+def transformers_turns(model_dir: Path, requests: list[WorkloadRequest], batch_size: int) -> Turns:
     """Hugging Face `generate` in static batches (left-padded), greedy, exact output lengths."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    e2e = []
     _hf_batch(model, requests[:1], pad, warm_up=True)
-    start = time.perf_counter()
-    batches = [requests[i : i + batch_size] for i in range(0, len(requests), batch_size)]
-    for batch in tqdm(batches, desc="transformers", unit="batch", disable=not progress, leave=False):
+    result = RunResult("transformers", math.inf, output_tokens=sum(r.max_tokens for r in requests))
+    for i in range(0, len(requests), batch_size):
+        batch = requests[i : i + batch_size]
+        started = time.perf_counter()
         _hf_batch(model, batch, pad)
-        e2e += [time.perf_counter() - start] * len(batch)
-    wall = time.perf_counter() - start
-    return RunResult("transformers", math.inf, wall, sum(r.max_tokens for r in requests), [], [], e2e)
+        result.busy_s += time.perf_counter() - started
+        result.e2e_s += [result.busy_s] * len(batch)
+        yield len(batch)
+    return result
 
 
 def _hf_batch(model, batch: list[WorkloadRequest], pad: int, warm_up: bool = False) -> None:
@@ -198,13 +227,10 @@ def run_offline(cfg: OfflineConfig) -> dict:
     lm = load_model(cfg.model)
     requests = make_workload(cfg.workload)
     at_once = [0.0] * len(requests)
-    results: dict[str, RunResult] = {}
-    for system in cfg.systems:
-        if system == "transformers":
-            results[system] = run_transformers(cfg.model, requests, cfg.max_num_seqs, cfg.show_progress)
-        else:
-            results[system] = run_engine(lm, _engine_config(cfg, system), requests, at_once, system,
-                                         cfg.show_progress)
+    turns = {s: transformers_turns(cfg.model, requests, cfg.max_num_seqs) if s == "transformers"
+             else engine_turns(lm, _engine_config(cfg, s), requests, at_once, s) for s in cfg.systems}
+    results = side_by_side(turns, len(requests) * len(turns), cfg.show_progress)
+    results = {s: results[s] for s in cfg.systems}
     online = _run_online(cfg, lm, results.get("static"))
     report = _report(cfg, lm, results, online)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -225,13 +251,12 @@ def _run_online(cfg: OfflineConfig, lm: LoadedModel, static: RunResult | None) -
     wl = WorkloadConfig(**{**asdict(cfg.workload), "num_requests": cfg.online_requests,
                            "seed": cfg.workload.seed + 1})
     requests = make_workload(wl)
-    capacity_rps = len(static.e2e_s) / static.wall_s
+    capacity_rps = len(static.e2e_s) / static.busy_s
     runs = []
     for fraction in cfg.rate_fractions:
         arrivals = poisson_arrivals(len(requests), fraction * capacity_rps, wl.seed)
-        by_system = {s: run_engine(lm, _engine_config(cfg, s), requests, arrivals, f"{s}@{fraction:g}",
-                                   cfg.show_progress) for s in ("dynamic", "static")}
-        runs.append((fraction, by_system))
+        turns = {s: engine_turns(lm, _engine_config(cfg, s), requests, arrivals, s) for s in ("dynamic", "static")}
+        runs.append((fraction, side_by_side(turns, 2 * len(requests), cfg.show_progress)))
     return runs
 
 
@@ -254,7 +279,7 @@ def _report(cfg: OfflineConfig, lm: LoadedModel, results: dict[str, RunResult], 
     flops = model_flops_per_token(lm)
     for name, summary in offline.items():
         if summary["engine"]:
-            delivered = flops * summary["engine"]["num_computed_tokens"] / summary["wall_s"] / 1e9
+            delivered = flops * summary["engine"]["num_computed_tokens"] / summary["busy_s"] / 1e9
             summary["model_gflops"] = delivered
             summary["model_flops_utilization"] = delivered / peak
     return {"kind": "offline", "model": str(cfg.model), "model_fingerprint": lm.fingerprint,
@@ -271,7 +296,7 @@ def _plots(out_dir: Path, results: dict[str, RunResult], online: list) -> list[s
     names = []
     fig, ax = plt.subplots(figsize=(6, 4))
     systems = list(results)
-    ax.bar(systems, [r.output_tokens / r.wall_s for r in results.values()], color="tab:blue")
+    ax.bar(systems, [r.output_tokens / r.busy_s for r in results.values()], color="tab:blue")
     ax.set_ylabel("output tokens/s")
     ax.set_title("Offline throughput (all requests at once)")
     fig.tight_layout()

@@ -68,3 +68,18 @@ async def connect(url: str, name: str, *, connect_timeout_s: float = 30.0, recon
         await nc.close()
         raise TimeoutError(f"no NATS server answered at {url} within {connect_timeout_s}s") from None
     return nc
+
+
+async def drain_or_close(nc: Client) -> None:
+    """Drain so everything already published goes out; just close when the server is gone first
+    (nats-py's drain raises while reconnecting, and close can hit a dead socket)."""
+    if nc.is_closed:
+        return
+    try:
+        await nc.drain()
+    except Exception as exc:  # nats-py raises several unrelated types here
+        log.warning("NATS drain failed (%r); closing", exc)
+        try:
+            await nc.close()
+        except OSError:
+            pass

@@ -16,6 +16,7 @@ from typing import Any
 
 from nats.aio.client import Client
 
+from ferry.bus.connect import drain_or_close
 from ferry.bus.service import Service
 
 log = logging.getLogger("ferry.bus")
@@ -101,5 +102,4 @@ async def _shutdown(nc: Client, service: Service, tasks: list[asyncio.Task],
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    if not nc.is_closed:
-        await nc.drain()
+    await drain_or_close(nc)

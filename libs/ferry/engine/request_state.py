@@ -17,7 +17,7 @@ class RequestState:
         self._stop_ids = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos_token_ids))
         self._early_blocked = tuple(sorted(self._stop_ids))
         self._max_len = min(max_model_len, seq.num_prompt_tokens + sp.max_tokens)
-        self._detok = IncrementalDetokenizer(tokenizer, seq.token_ids) if tokenizer else None
+        self._detok = _detokenizer(tokenizer, seq) if tokenizer else None
         self._stops = StopStringFilter(sp.stop)
 
     @property
@@ -63,3 +63,17 @@ class RequestState:
         seq = self.seq
         return RequestOutput(seq.request_id, seq.num_output_tokens - len(token_ids), token_ids, text, logprobs,
                              seq.finish_reason, seq.num_prompt_tokens, seq.num_cached_tokens)
+
+
+def _detokenizer(tokenizer: Decoder, seq: Sequence) -> IncrementalDetokenizer:
+    """A detokenizer positioned after the prompt and any prior output tokens (hand-off, migration).
+
+    Prior output tokens were streamed by an earlier holder, but text its detokenizer held back (a
+    trailing incomplete UTF-8 character) never was: replaying them leaves exactly that unread, so
+    it comes out with the next token, as in a run that never changed hands."""
+    num_prompt = seq.num_prompt_tokens
+    detok = IncrementalDetokenizer(tokenizer, seq.token_ids[:num_prompt])
+    if seq.num_tokens > num_prompt:
+        detok.add(seq.token_ids[num_prompt:])  # its text was emitted already
+    return detok
+

@@ -1,8 +1,9 @@
 """Plain-torch paged attention: the CPU path and the reference the Triton kernels are tested against.
 
-Caches are per layer [N, block_size, H_kv, D] (a value cache may be a strided view, e.g. MLA's latent
-slice of the key cache). Decode attends a whole batch in one masked call: K/V are gathered through
-the block tables with index ops, so there is no Python loop per sequence.
+Caches are per layer, logically [N, block_size, H_kv, D] (any strides; PagedKVCache stores them
+head-major, and MLA's value cache is a slice of its key cache). Decode attends a whole batch at once:
+one index_select per cache gathers every sequence's blocks, then two batched matmuls with a length
+mask, so there is no Python loop per sequence.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import torch.nn.functional as F
 
 
 def write_kv(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
-    """cache [N, bs, H, D] (contiguous); slot_mapping [T]; values [T, H, D]."""
-    num_blocks, block_size, heads, dim = cache.shape
-    cache.view(num_blocks * block_size, heads, dim).index_copy_(0, slot_mapping, values.to(cache.dtype))
+    """cache [N, bs, H, D]; slot_mapping [T]; values [T, H, D]."""
+    slots = cache.flatten(0, 1)  # [N*bs, H, D]: a view as long as N and bs are mergeable
+    assert slots.data_ptr() == cache.data_ptr(), "cache must flatten to a view"
+    slots.index_copy_(0, slot_mapping, values.to(cache.dtype))
 
 
 def gather_seq(cache: torch.Tensor, blocks: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -22,6 +24,12 @@ def gather_seq(cache: torch.Tensor, blocks: torch.Tensor, seq_len: int) -> torch
     block_size = cache.shape[1]
     used = blocks[: (seq_len + block_size - 1) // block_size]
     return cache[used].flatten(0, 1)[:seq_len]
+
+
+def _gather_heads(cache: torch.Tensor, flat_blocks: torch.Tensor, batch: int) -> torch.Tensor:
+    """cache [N, bs, Hkv, D], flat_blocks [B*M] -> [Hkv, B, M*bs, D], contiguous."""
+    heads = cache.permute(2, 0, 1, 3)  # [Hkv, N, bs, D]
+    return heads.index_select(1, flat_blocks).view(heads.shape[0], batch, -1, heads.shape[-1])
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -33,20 +41,23 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     seq_lens [B] -> [B, H, Dv].
     """
     batch, heads, dim = q.shape
-    kv_heads = k_cache.shape[2]
-    width = int(seq_lens.max()) if batch else 0
-    num_cols = (width + k_cache.shape[1] - 1) // k_cache.shape[1]
-    tables = block_tables[:, :num_cols]
-    k = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, S, D]
-    v = v_cache[tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, S, Dv]
+    kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    if batch == 0:
+        return q.new_empty(0, heads, v_cache.shape[-1])
+    num_cols = (int(seq_lens.max()) + block_size - 1) // block_size
+    flat = block_tables[:, :num_cols].reshape(-1)
+    k = _gather_heads(k_cache, flat, batch)  # [Hkv, B, S, D]
+    v = _gather_heads(v_cache, flat, batch)  # [Hkv, B, S, Dv]
     key_pos = torch.arange(k.shape[2], device=q.device)
-    mask = key_pos[None, :] < seq_lens[:, None]  # [B, S]
+    hidden = key_pos[None, :] >= seq_lens[:, None]  # [B, S]
     if window is not None:
-        mask &= key_pos[None, :] > (seq_lens[:, None] - 1 - window)
-    # heads sharing a KV head ride along as extra "query rows", so GQA needs no K/V repeat
-    qg = q.view(batch, kv_heads, heads // kv_heads, dim)  # [B, Hkv, G, D]
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask[:, None, None, :], scale=scale)
-    return out.reshape(batch, heads, v.shape[-1])
+        hidden |= key_pos[None, :] <= (seq_lens[:, None] - 1 - window)
+    # heads sharing a KV head are extra query rows of one matmul, so GQA never repeats K/V
+    qh = q.view(batch, kv_heads, heads // kv_heads, dim).transpose(0, 1)  # [Hkv, B, G, D]
+    scores = torch.matmul(qh, k.transpose(-1, -2)).mul_(scale)  # [Hkv, B, G, S]
+    scores.masked_fill_(hidden[None, :, None, :], float("-inf"))
+    out = torch.matmul(scores.softmax(-1), v)  # [Hkv, B, G, Dv]
+    return out.transpose(0, 1).reshape(batch, heads, v.shape[-1])
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int,

@@ -188,6 +188,8 @@ class TokenEvent:
     finish_reason: str | None = None
     """None while running; 'stop', 'length' or 'abort' on the last event."""
     num_prompt_tokens: int = 0
+    attempt: int = 0
+    """`GenerateRequest.attempt` that produced it: after a migration the gateway ignores older attempts."""
 
     def __post_init__(self) -> None:
         _require(self.index >= 0, "index", self.index, "must be >= 0")
@@ -204,6 +206,7 @@ class ErrorEvent:
     """'worker_lost', 'overloaded', 'bad_request', 'internal', 'kv_transfer'."""
     message: str
     retryable: bool = False
+    attempt: int = 0
 
 
 @message("output")
@@ -223,6 +226,8 @@ class Cancel:
 
     request_ids: list[str]
     reason: str = "client_disconnected"
+    below_attempt: int | None = None
+    """None: cancel every attempt. n: only attempts < n (the stale copies of a migrated request)."""
 
 
 @message("load")
