@@ -15,6 +15,7 @@ import time
 from nats.aio.client import Client
 
 from ferry.bus import Service, connect, ensure_work_stream, run_service
+from ferry.metrics import start_metrics_server
 from ferry.protocol import Handoff, HandoffReply, ProtocolError, decode, subjects
 from ferry_services.decode_balancer.policy import DecodeChoice, DecodePolicyConfig, choose_decode_worker
 from ferry_services.decode_balancer.settings import DecodeBalancerSettings
@@ -77,4 +78,5 @@ async def serve(settings: DecodeBalancerSettings) -> int:
     await ensure_work_stream(nc.jetstream())
     balancer = DecodeBalancer(nc, settings)
     await balancer.runtime.start(balancer.reroute)
+    start_metrics_server(settings.metrics_port)
     return await run_service(nc, balancer.service, on_shutdown=balancer.runtime.stop)

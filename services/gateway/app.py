@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from ferry.protocol import ROLES, GenerateRequest
 
+from ferry_services.gateway.auth import ApiKeys, install_guard
 from ferry_services.gateway.bus import GatewayBus
 from ferry_services.gateway.convert import ModelLimits, chat_to_generate, completion_to_generate
 from ferry_services.gateway.errors import APIError, install_error_handlers
@@ -30,6 +31,7 @@ from ferry_services.gateway.tokenizer import Tokenizer
 def create_app(settings: GatewaySettings, tokenizer: Tokenizer, limits: ModelLimits, bus: GatewayBus) -> FastAPI:
     app = FastAPI(title="ferry gateway", version="0.1.0")
     install_error_handlers(app)
+    install_guard(app, ApiKeys.from_settings(settings.api_keys, settings.api_key_file), settings.max_body_bytes)
     created = int(time.time())
 
     @app.get("/health")
@@ -73,7 +75,7 @@ def create_app(settings: GatewaySettings, tokenizer: Tokenizer, limits: ModelLim
 
     async def _respond(request: Request, body: CommonFields, generate: GenerateRequest, env: Envelope,
                        want_logprobs: bool) -> Response:
-        gen = Generation(bus, generate, settings.request_timeout_s)
+        gen = Generation(bus, generate, settings.request_timeout_s, settings.max_attempts)
         await gen.start(settings.max_inflight, settings.retry_after_s, time.monotonic())
         out = Output(num_prompt_tokens=len(generate.prompt_token_ids))
         if body.stream:

@@ -86,11 +86,13 @@ class GatewayBus:
                                maybe_accepted=True) from None
         return _accepted(decode_reply(msg.data))
 
-    async def cancel(self, request_ids: list[str], reason: str) -> None:
+    async def cancel(self, request_ids: list[str], reason: str, below_attempt: int | None = None) -> None:
+        """Cancel every attempt, or (below_attempt=n) only the stale copies older than attempt n."""
         if not self.is_connected or not request_ids:
             return
         try:
-            await self._nc.publish(subjects.CANCEL, encode(Cancel(request_ids=request_ids, reason=reason)))
+            await self._nc.publish(subjects.CANCEL, encode(Cancel(request_ids=request_ids, reason=reason,
+                                                                  below_attempt=below_attempt)))
         except Exception:  # closing connection: workers time the request out on their own
             log.warning("could not publish cancel for %s", request_ids, exc_info=True)
 

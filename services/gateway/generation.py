@@ -16,6 +16,8 @@ from ferry.protocol import ErrorEvent, GenerateRequest, TokenEvent
 
 from ferry_services.gateway.bus import GatewayBus, SubmitFailed
 from ferry_services.gateway.errors import APIError
+from ferry_services.gateway.migration import WATCH_INTERVAL_S, holder_lost, migrate
+from ferry_services.gateway.tracker import Lost
 
 # ErrorEvent.code / SubmitReply.reason -> HTTP status
 _STATUS = {"overloaded": 429, "no_workers": 503, "bad_request": 400, "worker_lost": 503,
@@ -29,10 +31,11 @@ def downstream_error(code: str, message: str, retry_after_s: float) -> APIError:
 
 
 class Generation:
-    def __init__(self, bus: GatewayBus, request: GenerateRequest, timeout_s: float) -> None:
+    def __init__(self, bus: GatewayBus, request: GenerateRequest, timeout_s: float, max_attempts: int = 3) -> None:
         self.bus = bus
         self.request = request
         self.timeout_s = timeout_s
+        self.max_attempts = max_attempts
         self.is_finished = False
         self._queue: asyncio.Queue | None = None
         self._cancel_reason = "client_disconnected"
@@ -57,7 +60,7 @@ class Generation:
             raise APIError(503, f"no {' or '.join(missing)} worker is alive", code="no_workers")
         self._queue = self.bus.tracker.open(self.request_id)
         try:
-            await self.bus.submit(self.request)
+            reply = await self.bus.submit(self.request)
         except SubmitFailed as exc:
             self.is_finished = True  # refused: nobody holds anything to cancel
             self.bus.tracker.close(self.request_id)
@@ -66,19 +69,23 @@ class Generation:
             metrics.ERRORS.labels("gateway", exc.code).inc()
             raise downstream_error(exc.code, exc.message, exc.retry_after_s or retry_after_s) from None
         self._accepted_at = time.monotonic()
+        self.bus.tracker.get(self.request_id).holder = reply.worker_id  # watched: see migration.py
         metrics.PROMPT_TOKENS.inc(len(self.request.prompt_token_ids))
 
     async def events(self) -> AsyncIterator[TokenEvent]:
         """Token events in order until the finishing one; raises APIError on error or timeout."""
         assert self._queue is not None, "start() first"
         while not self.is_finished:
-            try:
-                event = await asyncio.wait_for(self._queue.get(), self.timeout_s)
-            except asyncio.TimeoutError:
-                self._cancel_reason = "timeout"
-                self._count_failure("timeout")
-                raise APIError(504, f"no output for {self.timeout_s:g}s; the request was cancelled",
-                               code="timeout") from None
+            event = await self._next_event()
+            if isinstance(event, Lost) or (isinstance(event, ErrorEvent) and event.code == "worker_lost"):
+                lost = event if isinstance(event, Lost) else Lost(self.request_id, "", event.message)
+                try:
+                    self.request = await migrate(self.bus, self.request, lost, self.max_attempts)
+                except APIError:
+                    self._cancel_reason = "error: worker_lost"
+                    self._count_failure("worker_lost")
+                    raise
+                continue
             if isinstance(event, ErrorEvent):
                 self._cancel_reason = f"error: {event.code}"
                 self._count_failure(event.code)
@@ -86,6 +93,24 @@ class Generation:
             self.is_finished = event.finish_reason is not None
             self._observe(event)
             yield event
+
+    async def _next_event(self) -> TokenEvent | ErrorEvent | Lost:
+        """The next queued event; a Lost marker if the holder stops reporting; APIError 504 when
+        nothing came for timeout_s."""
+        self._waiting_since = time.monotonic()
+        while True:
+            left = self._waiting_since + self.timeout_s - time.monotonic()
+            if left <= 0:
+                self._cancel_reason = "timeout"
+                self._count_failure("timeout")
+                raise APIError(504, f"no output for {self.timeout_s:g}s; the request was cancelled",
+                               code="timeout")
+            try:
+                return await asyncio.wait_for(self._queue.get(), min(left, WATCH_INTERVAL_S))
+            except asyncio.TimeoutError:
+                lost = holder_lost(self.bus, self.request_id, time.monotonic())
+                if lost is not None:
+                    return lost
 
     def _observe(self, event: TokenEvent) -> None:
         now = time.monotonic()

@@ -23,6 +23,10 @@ class GatewaySettings(ServiceSettings):
     retry_after_s: float = Field(default=1.0, ge=0, description="Retry-After sent with a 429")
     max_context_len: int = Field(default=0, ge=0,
                                  description="prompt + max_tokens limit; 0 = the model's max_position_embeddings")
+    api_keys: str = Field(default="", repr=False, description="accepted Bearer keys, comma separated; none = open")
+    api_key_file: str = Field(default="", description="file with one accepted key per line (adds to api_keys)")
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1, description="larger request bodies get 413")
+    max_attempts: int = Field(default=3, ge=1, description="tries per request, migrations included")
 
     @property
     def model_name(self) -> str:

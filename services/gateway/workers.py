@@ -26,6 +26,17 @@ class LiveWorkers:
             if r == role and not report.draining and now - seen <= MISSED_REPORTS * report.interval_s
         )
 
+    def silent_for(self, worker_id: str, now: float) -> float | None:
+        """How many report intervals past its deadline `worker_id` is (> 0: lost; a draining worker
+        that still reports is not); None if never heard of (or long forgotten)."""
+        for (_, wid), (report, seen) in self._reports.items():
+            if wid == worker_id:
+                return (now - seen) / report.interval_s - MISSED_REPORTS
+        return None
+
+    def interval_of(self, worker_id: str) -> float | None:
+        return next((report.interval_s for (_, wid), (report, _) in self._reports.items() if wid == worker_id), None)
+
     def missing_roles(self, now: float) -> list[str]:
         return [role for role in ROLES if not self.alive(role, now)]
 

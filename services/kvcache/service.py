@@ -25,6 +25,7 @@ from nats.aio.client import Client
 from redis.exceptions import RedisError
 
 from ferry.bus import BusError, Service, connect, run_service
+from ferry.metrics import start_metrics_server
 from ferry.kvstore import KvStoreError, KvStoreUnavailable, RedisTransport, block_key, num_leading_present
 from ferry.kvstore.index import BlockIndex
 from ferry.kvstore.keys import parse_block_key
@@ -216,6 +217,7 @@ def build(settings: KvCacheSettings, nc: Client) -> tuple[Service, KvCache]:
 async def serve(settings: KvCacheSettings, stop: asyncio.Event | None = None) -> int:
     nc = await connect(settings.nats_url, name="kvcache")
     svc, cache = build(settings, nc)
+    start_metrics_server(settings.metrics_port)
     try:
         return await run_service(nc, svc, background=[cache.watch(svc.draining)], stop=stop)
     finally:

@@ -14,6 +14,7 @@ import time
 from nats.aio.client import Client
 
 from ferry.bus import Service, connect, ensure_work_stream, run_service
+from ferry.metrics import start_metrics_server
 from ferry.protocol import PrefillWork, ProtocolError, SubmitReply, SubmitRequest, decode, subjects
 from ferry_services.prefill_balancer.policy import PrefillChoice, PrefillPolicyConfig, choose_prefill_worker
 from ferry_services.prefill_balancer.runtime import BalancerRuntime
@@ -86,4 +87,5 @@ async def serve(settings: PrefillBalancerSettings) -> int:
     await ensure_work_stream(nc.jetstream())
     balancer = PrefillBalancer(nc, settings)
     await balancer.runtime.start(balancer.reroute)
+    start_metrics_server(settings.metrics_port)
     return await run_service(nc, balancer.service, on_shutdown=balancer.runtime.stop)

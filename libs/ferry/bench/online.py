@@ -33,7 +33,8 @@ class OnlineConfig:
     model: str
     """`model` field of every request."""
     max_concurrency: int = 64
-    """Most requests in flight at once; later arrivals wait for a free slot."""
+    """Most requests in flight at once; later arrivals wait for a free slot (latencies count from the
+    send, so that client-side wait is not in them; `PhaseResult.scheduled_s` keeps the arrivals)."""
     request_timeout_s: float = 300.0
     """httpx timeout of one request (connect, and each read of the stream)."""
     phase_time_limit_s: float = 600.0
@@ -71,7 +72,7 @@ class PhaseResult:
     rate_rps: float
     """Offered load in requests/s; math.inf = all requests at t=0 (offline throughput)."""
     duration_s: float
-    """First send to last completion (or the time limit)."""
+    """Phase start (the first arrival) to the last completion, or to the time limit."""
     results: list[CallResult]
     """One per call, in workload order."""
     scheduled_s: list[float]
@@ -95,14 +96,14 @@ async def run_phase(calls: list[CompletionCall], arrivals_s: list[float], config
         for task in tasks:
             task.add_done_callback(lambda _t: progress.update(1))
         sampler = _BatchSampler(client, config, start)
-        done, pending = await asyncio.wait(tasks, timeout=config.phase_time_limit_s)
+        _, pending = await asyncio.wait(tasks, timeout=config.phase_time_limit_s)
         duration_s = time.perf_counter() - start
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         samples = await sampler.stop()
         progress.close()
-    results = [_result_of(task, call, start) for task, call in zip(tasks, calls)]
+    results = [_result_of(task, call) for task, call in zip(tasks, calls)]
     if not pending:
         duration_s = max((r.sent_at_s + (r.e2e_s or 0.0) for r in results), default=0.0)
     return PhaseResult(name=name, rate_rps=rate_rps, duration_s=duration_s, results=results,
@@ -121,7 +122,7 @@ async def _one_call(client: httpx.AsyncClient, gate: asyncio.Semaphore, call: Co
                                        config.request_timeout_s)
 
 
-def _result_of(task: asyncio.Task, call: CompletionCall, start: float) -> CallResult:
+def _result_of(task: asyncio.Task, call: CompletionCall) -> CallResult:
     if task.cancelled():
         return CallResult(index=call.index, sent_at_s=math.nan, error="not finished within the phase time limit")
     if task.exception() is not None:

@@ -57,11 +57,11 @@ def _apply_penalties(logits: torch.Tensor, requests: list[SampleRequest]) -> Non
     for i, req in enumerate(requests):
         sp = req.sampling
         if sp.repetition_penalty != 1.0:
-            seen = torch.tensor(req.prompt_token_ids + req.output_token_ids, dtype=torch.int64).unique()
+            seen = torch.tensor(req.prompt_token_ids + req.output_token_ids, device=logits.device).unique()
             row = logits[i, seen]
             logits[i, seen] = torch.where(row > 0, row / sp.repetition_penalty, row * sp.repetition_penalty)
         if (sp.presence_penalty or sp.frequency_penalty) and req.output_token_ids:
-            counts = torch.bincount(torch.tensor(req.output_token_ids, dtype=torch.int64), minlength=vocab)
+            counts = torch.bincount(torch.tensor(req.output_token_ids, device=logits.device), minlength=vocab)
             counts = counts[:vocab].to(logits.dtype)  # [V]
             logits[i] -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(logits.dtype)
 
@@ -75,15 +75,15 @@ def _block_tokens(logits: torch.Tensor, requests: list[SampleRequest]) -> None:
 def _sample_random(logits: torch.Tensor, requests: list[SampleRequest],
                    generator: torch.Generator | None) -> torch.Tensor:
     """logits: [R, V] of the non-greedy rows -> [R] token ids."""
-    temps = torch.tensor([r.sampling.temperature for r in requests], dtype=logits.dtype)
+    temps = torch.tensor([r.sampling.temperature for r in requests], dtype=logits.dtype, device=logits.device)
     logits = logits / temps.unsqueeze(1)
     _filter_top_k_top_p(logits, requests)
     probs = logits.softmax(dim=-1)  # [R, V]
-    min_ps = torch.tensor([r.sampling.min_p for r in requests], dtype=probs.dtype)
+    min_ps = torch.tensor([r.sampling.min_p for r in requests], dtype=probs.dtype, device=probs.device)
     if bool((min_ps > 0).any()):
         floor = probs.amax(dim=-1, keepdim=True) * min_ps.unsqueeze(1)
         probs = probs.masked_fill(probs < floor, 0.0)
-    noise = _exponential_noise(probs.shape, requests, generator)  # [R, V]
+    noise = _exponential_noise(probs, requests, generator)  # [R, V]
     return (probs / noise).argmax(dim=-1)
 
 
@@ -95,24 +95,31 @@ def _filter_top_k_top_p(logits: torch.Tensor, requests: list[SampleRequest]) -> 
         return
     vocab = logits.shape[-1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # [R, V]
-    ranks = torch.arange(vocab).unsqueeze(0)  # [1, V]
-    k = torch.tensor([kk if kk > 0 else vocab for kk in top_ks]).unsqueeze(1)  # [R, 1]
+    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)  # [1, V]
+    k = torch.tensor([kk if kk > 0 else vocab for kk in top_ks], device=logits.device).unsqueeze(1)  # [R, 1]
     drop = ranks >= k
     sorted_probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
     before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability mass ahead of each token
-    drop |= before >= torch.tensor(top_ps, dtype=before.dtype).unsqueeze(1)
+    drop |= before >= torch.tensor(top_ps, dtype=before.dtype, device=before.device).unsqueeze(1)
     logits.scatter_(1, order, sorted_logits.masked_fill(drop, float("-inf")))
 
 
-def _exponential_noise(shape: torch.Size, requests: list[SampleRequest],
+def _exponential_noise(probs: torch.Tensor, requests: list[SampleRequest],
                        generator: torch.Generator | None) -> torch.Tensor:
-    noise = torch.empty(shape).exponential_(generator=generator)  # [R, V]
+    """[R, V] Exp(1) noise. Seeded rows come from a CPU generator, so a seed gives the same
+    tokens on any device; `generator` (a CPU one) serves the rest on CPU, the device RNG elsewhere."""
+    on_cpu = probs.device.type == "cpu"
+    noise = torch.empty_like(probs).exponential_(generator=generator if on_cpu else None)
     for i, req in enumerate(requests):
         if req.sampling.seed is not None:
-            position = len(req.output_token_ids)
-            own = torch.Generator().manual_seed(hash((req.sampling.seed, position)) & _SEED_MASK)
-            noise[i] = torch.empty(shape[-1]).exponential_(generator=own)
+            own = torch.Generator().manual_seed(_mix_seed(req.sampling.seed, len(req.output_token_ids)))
+            noise[i] = torch.empty(probs.shape[-1], dtype=probs.dtype).exponential_(generator=own).to(probs.device)
     return noise
+
+
+def _mix_seed(seed: int, position: int) -> int:
+    """One generator seed per (request seed, output position), the same in every process."""
+    return ((seed & _SEED_MASK) * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + 1) & _SEED_MASK
 
 
 def _logprobs(raw: torch.Tensor, requests: list[SampleRequest], token_ids: list[int]) -> list[TokenLogprob | None]:
@@ -122,7 +129,8 @@ def _logprobs(raw: torch.Tensor, requests: list[SampleRequest], token_ids: list[
     if not rows:
         return out
     logp = raw[rows].float().log_softmax(dim=-1)  # [R, V]
-    chosen = logp.gather(1, torch.tensor([token_ids[i] for i in rows]).unsqueeze(1)).squeeze(1).tolist()
+    picked = torch.tensor([token_ids[i] for i in rows], device=logp.device).unsqueeze(1)  # [R, 1]
+    chosen = logp.gather(1, picked).squeeze(1).tolist()
     max_k = max(requests[i].sampling.logprobs for i in rows)
     top_vals, top_ids = logp.topk(max_k, dim=-1) if max_k else (logp[:, :0], logp[:, :0].long())
     top_vals, top_ids = top_vals.tolist(), top_ids.tolist()

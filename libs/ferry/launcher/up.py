@@ -66,6 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-kv-blocks", type=int, help="KV blocks per worker (FERRY_NUM_KV_BLOCKS)")
     parser.add_argument("--max-running", type=int, help="batch cap per worker (FERRY_MAX_RUNNING)")
     parser.add_argument("--max-batch-tokens", type=int, help="tokens per step (FERRY_MAX_BATCH_TOKENS)")
+    parser.add_argument("--torch-threads", type=int,
+                        help="CPU threads per worker (OMP_NUM_THREADS); default: torch's own choice")
     parser.add_argument("--run-dir", type=Path, help="logs and the demo model (default: a new temp folder)")
     parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for readiness")
 
@@ -135,7 +137,8 @@ def plan_services(args: argparse.Namespace, model_dir: Path, nats_url: str, redi
     tag = uuid.uuid4().hex[:4]  # two `ferry up` on one NATS must not share worker ids
     worker_env = {k: str(v) for k, v in (("FERRY_NUM_KV_BLOCKS", args.num_kv_blocks),
                                          ("FERRY_MAX_RUNNING", args.max_running),
-                                         ("FERRY_MAX_BATCH_TOKENS", args.max_batch_tokens)) if v is not None}
+                                         ("FERRY_MAX_BATCH_TOKENS", args.max_batch_tokens),
+                                         ("OMP_NUM_THREADS", args.torch_threads)) if v is not None}
     specs = []
     if _available("kvcache"):
         specs.append(ServiceSpec("kvcache", "kvcache", dict(common)))

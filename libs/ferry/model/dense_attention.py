@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ferry.kernels import gather_seq, paged_decode_attention, prefill_attention, use_triton, write_kv
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
 from ferry.model.kv_cache import PagedKVCache
+from ferry.model.layers import fuse_linears
 from ferry.model.rope import apply_rotary
 
 
@@ -22,18 +24,33 @@ class GQAttention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def fuse(self) -> None:
+        self.qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        kv_width = self.num_kv_heads * self.head_dim
+        return F.linear(x, *self.qkv).split([self.num_heads * self.head_dim, kv_width, kv_width], dim=-1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 meta: AttentionMetadata, kv: PagedKVCache) -> torch.Tensor:
         tokens = x.shape[0]
-        q = apply_rotary(self.q_proj(x).view(tokens, self.num_heads, self.head_dim), cos, sin, False)
-        k = apply_rotary(self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim), cos, sin, False)
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        q, k, v = self._project(x)
+        q = apply_rotary(q.view(tokens, self.num_heads, self.head_dim), cos, sin, False)  # [T, H, D]
+        k = apply_rotary(k.view(tokens, self.num_kv_heads, self.head_dim), cos, sin, False)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         k_cache, v_cache = kv.layer(self.layer, 0), kv.layer(self.layer, 1)
         write_kv(k_cache, meta.slot_mapping, k)
         write_kv(v_cache, meta.slot_mapping, v)
         if use_triton(q):
             return self.o_proj(self._triton_attention(q, k_cache, v_cache, meta).view(tokens, -1))
+        if not meta.prefill_rows:  # a pure decode step: rows are already in sequence order
+            out = paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
+                                         self.window)
+            return self.o_proj(out.view(tokens, -1))
         out = torch.empty_like(q)  # [T, H, D]
         if meta.decode_token_rows.numel():
             rows = meta.decode_token_rows

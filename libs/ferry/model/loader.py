@@ -64,6 +64,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     model.tie_weights()
     model.rotary = make_rotary(config).to(device)  # meta init left the frequencies empty
     load_weights(model, path)
+    model.fuse_projections()
     model.eval()
     dtype_name = str(torch_dtype).removeprefix("torch.")
     fingerprint = hashlib.sha256(

@@ -49,7 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Poisson rate as a fraction of engine-static's all-at-once req/s; 0 = no Poisson phase")
     p.add_argument("--max-num-seqs", type=int, default=32, help="batch cap of ferry's engine and workers")
     p.add_argument("--num-kv-blocks", type=int, default=4096)
-    p.add_argument("--threads", type=int, default=2, help="torch threads of the in-process engine")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch/OpenMP threads of every model process (in-process engine, ferry workers, "
+                        "transformers serve). Default 1: on a busy 2-core box, 2 spinning OpenMP threads made "
+                        "one engine step ~85x slower")
     p.add_argument("--ready-timeout", type=float, default=300.0)
     p.add_argument("--phase-time-limit", type=float, default=1800.0)
     return p.parse_args(argv)
@@ -61,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if set(chosen) - set(SYSTEMS):
         raise SystemExit(f"--systems: choose from {SYSTEMS}")
     args.out.mkdir(parents=True, exist_ok=True)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by every server process started below
     model_dir = args.model or _make_checkpoint()
     workload = WorkloadConfig(num_requests=args.num_requests, seed=args.seed,
                               output_lens=tuple(int(x) for x in args.output_lens.split(",")),
@@ -171,7 +175,12 @@ def _meta(args, model_dir, workload, plans, loads) -> dict:
     return {"date_utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()), "checkpoint": str(model_dir),
             "workload": f"{workload.num_requests} requests, seed {workload.seed}, prompt median "
                         f"{workload.prompt_len_median}, outputs {list(workload.output_lens)}",
-            "phases": ", ".join(f"{p.name}" for p in plans), "engine batch cap": args.max_num_seqs,
+            "phases": ", ".join(f"{p.name}" for p in plans) + (
+                f" (Poisson rate = {args.rate_fraction} x the first in-process engine's all-at-once req/s)"
+                if len(plans) > 1 else ""),
+            "clocks": "in-process engines: their own step time plus idle gaps (ferry.bench.offline); "
+                      "HTTP systems: client wall clock, TTFT/E2E from send", "engine batch cap": args.max_num_seqs,
+            "threads per model process": args.threads,
             "cpu cores": os.cpu_count(), "torch": torch.__version__, "transformers": transformers.__version__,
             "load average (1, 5, 15 min) when each system started": json.dumps(loads)}
 

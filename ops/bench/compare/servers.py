@@ -42,7 +42,7 @@ def free_port() -> int:
 
 def spawn(name: str, argv: list[str], base_url: str, run_dir: Path, env: dict[str, str] | None = None) -> ServerProcess:
     log_path = run_dir / f"{name}.log"
-    with open(log_path, "ab") as log:
+    with open(log_path, "wb") as log:  # fresh: a ready marker from an earlier run must not count
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                    env={**os.environ, **(env or {})}, start_new_session=True)
     return ServerProcess(name, base_url, process, log_path)

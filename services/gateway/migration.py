@@ -1,0 +1,92 @@
+"""Migration: a request whose worker died goes on elsewhere, and the client never notices.
+
+The gateway knows who holds each request: the prefill worker named in `SubmitReply.worker_id`,
+then whichever worker last sent its tokens (`OutputBatch.worker_id`). A holder whose load
+reports stop for more than `MISSED_REPORTS` intervals is lost (a draining worker still reports,
+so it is not). The request is then resubmitted as attempt + 1 with `output_token_ids` = every
+token already queued for the client: the new prefill worker recomputes the KV of prompt + those
+tokens and continues at index len(output_token_ids), so the stream has no gap and no repeat, and
+a greedy request ends with exactly the text of a fault-free run. Stale copies of older attempts
+are cancelled (`Cancel.below_attempt`) and anything they still send is dropped by the tracker.
+
+Attempts are bounded (`FERRY_MAX_ATTEMPTS`, first try included); past that the client gets a 503
+`worker_lost` naming how many tries failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+
+from ferry import metrics
+from ferry.protocol import GenerateRequest
+
+from ferry_services.gateway.bus import GatewayBus, SubmitFailed
+from ferry_services.gateway.errors import APIError
+from ferry_services.gateway.tracker import Lost
+
+log = logging.getLogger("ferry.gateway")
+
+WATCH_INTERVAL_S = 0.5
+"""How often a waiting request checks that its holder still reports."""
+MAX_SETTLE_S = 2.0
+"""Most time to wait, after a loss, for the balancers to notice it too (they use the same rule)."""
+RETRY_SUBMIT_S = 0.5
+"""Pause before resubmitting when no worker took the migrated request."""
+
+
+def holder_lost(bus: GatewayBus, request_id: str, now: float) -> Lost | None:
+    """A Lost marker when the worker holding `request_id` stopped reporting; else None."""
+    pending = bus.tracker.get(request_id)
+    if pending is None or not pending.holder:
+        return None
+    overdue = bus.workers.silent_for(pending.holder, now)
+    if overdue is None or overdue <= 0:
+        return None
+    return Lost(request_id, pending.holder, "no load report for more than 3 intervals")
+
+
+def settle_delay_s(bus: GatewayBus, lost: Lost, now: float) -> float:
+    """Wait until the balancers, which heard the lost worker's last report at about the same time,
+    have taken it out of routing too: about one report interval past our own deadline."""
+    overdue = bus.workers.silent_for(lost.worker_id, now)
+    if overdue is None:
+        return 0.0
+    interval = bus.workers.interval_of(lost.worker_id) or 0.0
+    return min(MAX_SETTLE_S, max(0.0, (1.0 - overdue) * interval))
+
+
+async def migrate(bus: GatewayBus, request: GenerateRequest, lost: Lost, max_attempts: int) -> GenerateRequest:
+    """Resubmit `request` after `lost`; returns the attempt now running, or raises the APIError the
+    client gets when every attempt is used up or the request cannot be placed again."""
+    pending = bus.tracker.get(request.request_id)
+    if pending is None:  # closed meanwhile: nothing to do
+        return request
+    await asyncio.sleep(settle_delay_s(bus, lost, time.monotonic()))
+    last_problem = f"worker {lost.worker_id} lost ({lost.reason})"
+    while True:
+        attempt = max(request.attempt + 1, pending.attempt)
+        if attempt >= max_attempts:
+            metrics.ERRORS.labels("gateway", "worker_lost").inc()
+            raise APIError(503, f"the request failed on {attempt} attempt(s), the last because {last_problem}; "
+                                "retry it", code="worker_lost")
+        request = dataclasses.replace(request, output_token_ids=list(pending.token_ids), attempt=attempt)
+        pending.attempt = attempt  # from now on, older attempts' events are stale
+        pending.holder = ""
+        await bus.cancel([request.request_id], f"migrated: {last_problem}", below_attempt=attempt)
+        log.warning("migrating %s to attempt %d after %d tokens: %s", request.request_id, attempt,
+                    len(pending.token_ids), last_problem)
+        try:
+            reply = await bus.submit(request)
+        except SubmitFailed as exc:
+            if exc.code not in ("no_workers", "overloaded"):
+                raise APIError(503, f"could not resubmit after {last_problem}: {exc.message}",
+                               code="worker_lost") from None
+            last_problem = f"resubmit refused ({exc.code})"
+            await asyncio.sleep(max(RETRY_SUBMIT_S, exc.retry_after_s))
+            continue
+        metrics.ERRORS.labels("gateway", "migrated").inc()
+        pending.holder = reply.worker_id
+        return request

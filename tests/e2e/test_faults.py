@@ -1,0 +1,199 @@
+"""Fault injection: the whole system, one process per service (as `ferry up` plans them), with a
+worker SIGKILLed while greedy streams run through it. Every request must still complete, with no
+duplicated or missing token: its text equals the fault-free run's (the gateway migrates it).
+
+Prints a table (fault x sent x completed x lost x duplicated tokens x wrong text x migrated).
+Loopback only; every wait is bounded. Own nats-server and redis-server, so a fault can restart them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ferry.launcher.servers import free_port, start_nats, start_redis
+from ferry.launcher.up import Child, add_arguments, plan_services, spawn, stop_children, wait_ready
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+MAX_TOKENS = 160
+PROMPTS = [f"request {i}: " + " ".join(["the quick brown fox"] * (2 + i % 3)) for i in range(6)]
+STREAM_TIMEOUT_S = 90.0
+"""Bound on one streamed request: a hang fails the test instead of blocking CI."""
+ENV = {"FERRY_LOAD_INTERVAL_S": "0.25", "FERRY_REQUEST_TIMEOUT_S": "60", "FERRY_MAX_ATTEMPTS": "3",
+       "FERRY_LOG_LEVEL": "INFO"}
+
+
+@dataclass
+class FaultSystem:
+    children: dict[str, Child]
+    base_url: str
+    model_name: str
+    run_dir: Path
+    servers: list = field(default_factory=list)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one service: no drain, no goodbye, its JetStream messages stay unacked."""
+        child = self.children[name]
+        child.process.kill()
+        child.process.wait(timeout=10)
+
+    def log(self, name: str) -> str:
+        return self.children[name].log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        stop_children(list(self.children.values()))
+        for server in reversed(self.servers):
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def fault_system(e2e_model, tmp_path_factory) -> FaultSystem:
+    run_dir = tmp_path_factory.mktemp("faults")
+    nats = start_nats(store_dir=run_dir / "nats")
+    redis = start_redis()
+    port = free_port()
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)  # ferry up's own options and defaults, as a user would pass them
+    args = parser.parse_args(["--model", str(e2e_model), "--prefill-workers", "2", "--decode-workers", "2",
+                              "--port", str(port), "--num-kv-blocks", "512", "--max-running", "16"])
+    try:
+        specs = plan_services(args, e2e_model, nats.url, redis.url)
+    except Exception:
+        redis.stop()
+        nats.stop()
+        raise
+    children = {}
+    for spec in specs:
+        spec.env.update(ENV)
+        children[spec.name] = spawn(spec, run_dir)
+    system = FaultSystem(children, f"http://127.0.0.1:{port}", e2e_model.name, run_dir, [redis, nats])
+    problem = wait_ready(list(children.values()), system.base_url, 240)
+    if problem:
+        logs = "".join(f"\n--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(run_dir.glob("*.log")))
+        system.stop()
+        raise RuntimeError(f"system not ready: {problem}{logs}")
+    yield system
+    system.stop()
+
+
+@dataclass
+class Outcome:
+    text: str = ""
+    num_tokens: int = 0
+    finish_reason: str | None = None
+    error: str = ""
+    num_chunks: int = 0
+
+
+async def stream_one(client: httpx.AsyncClient, model: str, prompt: str, outcome: Outcome) -> None:
+    body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                outcome.error = f"HTTP {response.status_code}: {(await response.aread())[:300]!r}"
+                return
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    outcome.error = str(chunk["error"])
+                    return
+                if chunk.get("usage"):
+                    outcome.num_tokens = chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices", []):
+                    outcome.text += choice.get("text", "")
+                    outcome.num_chunks += 1
+                    outcome.finish_reason = choice.get("finish_reason") or outcome.finish_reason
+    except (httpx.HTTPError, asyncio.TimeoutError) as exc:
+        outcome.error = repr(exc)
+
+
+async def run_load(system: FaultSystem, fault=None, when_chunks: int = 0) -> list[Outcome]:
+    """Stream every prompt at once; when each has `when_chunks` chunks (or at once), call `fault`."""
+    outcomes = [Outcome() for _ in PROMPTS]
+    async with httpx.AsyncClient(base_url=system.base_url, timeout=STREAM_TIMEOUT_S) as client:
+        tasks = [asyncio.create_task(stream_one(client, system.model_name, p, o)) for p, o in zip(PROMPTS, outcomes)]
+        if fault is not None:
+            deadline = time.monotonic() + 30
+            while min(o.num_chunks for o in outcomes) < when_chunks and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            fault()
+        await asyncio.wait_for(asyncio.gather(*tasks), STREAM_TIMEOUT_S + 10)
+    return outcomes
+
+
+@dataclass
+class Row:
+    fault: str
+    sent: int
+    completed: int
+    lost: int
+    duplicated_tokens: int
+    wrong_text: int
+    migrated: int
+
+    def line(self) -> str:
+        return (f"{self.fault:<34} {self.sent:>5} {self.completed:>9} {self.lost:>5} {self.duplicated_tokens:>11}"
+                f" {self.wrong_text:>6} {self.migrated:>8}")
+
+
+HEADER = f"{'fault':<34} {'sent':>5} {'completed':>9} {'lost':>5} {'dup tokens':>11} {'wrong':>6} {'migrated':>8}"
+
+
+def score(fault: str, outcomes: list[Outcome], baseline: list[Outcome], migrated: int) -> Row:
+    done = [o for o in outcomes if not o.error and o.finish_reason == "length"]
+    duplicated = sum(max(0, o.num_tokens - MAX_TOKENS) for o in outcomes)
+    wrong = sum(1 for o, b in zip(outcomes, baseline) if not o.error and o.text != b.text)
+    return Row(fault, len(outcomes), len(done), len(outcomes) - len(done), duplicated, wrong, migrated)
+
+
+@pytest.fixture(scope="module")
+def table(request):
+    rows: list[Row] = []
+    yield rows
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    lines = ["", "fault-injection table", HEADER, *(r.line() for r in rows)]
+    for line in lines:
+        reporter.write_line(line) if reporter else print(line)
+
+
+@pytest.fixture(scope="module")
+def baseline(fault_system) -> list[Outcome]:
+    outcomes = asyncio.run(run_load(fault_system))
+    assert all(not o.error and o.num_tokens == MAX_TOKENS for o in outcomes), outcomes
+    return outcomes
+
+
+def migrations(system: FaultSystem) -> int:
+    return system.log("gateway").count("migrating ")
+
+
+def check(system: FaultSystem, table: list[Row], fault: str, outcomes: list[Outcome], baseline, before: int) -> Row:
+    row = score(fault, outcomes, baseline, migrations(system) - before)
+    table.append(row)
+    errors = [o.error for o in outcomes if o.error]
+    assert row.lost == 0 and row.duplicated_tokens == 0 and row.wrong_text == 0, (row, errors)
+    return row
+
+
+def test_sigkill_decode_worker_mid_stream(fault_system, baseline, table):
+    before = migrations(fault_system)
+    outcomes = asyncio.run(run_load(fault_system, lambda: fault_system.kill("worker-decode-0"), when_chunks=10))
+    row = check(fault_system, table, "SIGKILL decode worker mid-stream", outcomes, baseline, before)
+    assert row.migrated >= 1, "the kill hit no request: the test proved nothing"
+
+
+def test_sigkill_prefill_worker(fault_system, baseline, table):
+    before = migrations(fault_system)
+    outcomes = asyncio.run(run_load(fault_system, lambda: fault_system.kill("worker-prefill-0"), when_chunks=0))
+    check(fault_system, table, "SIGKILL prefill worker", outcomes, baseline, before)
