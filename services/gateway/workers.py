@@ -14,8 +14,16 @@ MISSED_REPORTS = 3
 class LiveWorkers:
     def __init__(self) -> None:
         self._reports: dict[tuple[str, str], tuple[LoadReport, float]] = {}
+        self.last_heard = 0.0
+        """When any report last arrived."""
+        self.resumed_at = 0.0
+        """When reports came back after a stretch where none arrived (our own bus outage):
+        silence before then says nothing about a worker."""
 
     def observe(self, report: LoadReport, now: float) -> None:
+        if self.last_heard and now - self.last_heard > MISSED_REPORTS * report.interval_s:
+            self.resumed_at = now
+        self.last_heard = now
         self._reports[(report.role, report.worker_id)] = (report, now)
 
     def alive(self, role: str, now: float) -> list[str]:
@@ -28,10 +36,13 @@ class LiveWorkers:
 
     def silent_for(self, worker_id: str, now: float) -> float | None:
         """How many report intervals past its deadline `worker_id` is (> 0: lost; a draining worker
-        that still reports is not); None if never heard of (or long forgotten)."""
+        that still reports is not); None if never heard of (or long forgotten). While no worker at
+        all is heard, the silence is ours (bus down), not the worker's: it counts from when reports resume."""
         for (_, wid), (report, seen) in self._reports.items():
             if wid == worker_id:
-                return (now - seen) / report.interval_s - MISSED_REPORTS
+                if now - self.last_heard > report.interval_s * MISSED_REPORTS:
+                    return None  # we hear nobody: cannot judge
+                return (now - max(seen, self.resumed_at)) / report.interval_s - MISSED_REPORTS
         return None
 
     def interval_of(self, worker_id: str) -> float | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,8 @@ class FaultSystem:
     model_name: str
     run_dir: Path
     servers: list = field(default_factory=list)
+    """[redis, nats] handles (stopped in reverse order)."""
+    restarts: list[threading.Thread] = field(default_factory=list)
 
     def kill(self, name: str) -> None:
         """SIGKILL one service: no drain, no goodbye, its JetStream messages stay unacked."""
@@ -45,10 +48,34 @@ class FaultSystem:
         child.process.kill()
         child.process.wait(timeout=10)
 
+    def respawn(self, name: str) -> None:
+        """Start a killed service again under the same name (and worker id)."""
+        child = self.children[name]
+        self.children[name] = spawn(child.spec, self.run_dir)
+
+    def restart_server(self, index: int, down_s: float) -> None:
+        """Stop nats-server or redis-server, and start it again on the same port after `down_s`
+        (in a thread: the test's streams keep running meanwhile). NATS keeps its JetStream store."""
+        old = self.servers[index]
+        old.stop()
+
+        def start_again() -> None:
+            time.sleep(down_s)
+            if old.name == "nats-server":
+                self.servers[index] = start_nats(port=old.port, store_dir=old.workdir)
+            else:
+                self.servers[index] = start_redis(port=old.port)
+
+        thread = threading.Thread(target=start_again, daemon=True)
+        thread.start()
+        self.restarts.append(thread)
+
     def log(self, name: str) -> str:
         return self.children[name].log_path.read_text(errors="replace")
 
     def stop(self) -> None:
+        for thread in self.restarts:
+            thread.join(timeout=30)
         stop_children(list(self.children.values()))
         for server in reversed(self.servers):
             server.stop()
@@ -161,10 +188,9 @@ def score(fault: str, outcomes: list[Outcome], baseline: list[Outcome], migrated
 def table(request):
     rows: list[Row] = []
     yield rows
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    lines = ["", "fault-injection table", HEADER, *(r.line() for r in rows)]
-    for line in lines:
-        reporter.write_line(line) if reporter else print(line)
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled():  # shown even without -s
+        print("\n".join(["", "fault-injection table", HEADER, *(r.line() for r in rows)]), flush=True)
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +223,43 @@ def test_sigkill_prefill_worker(fault_system, baseline, table):
     before = migrations(fault_system)
     outcomes = asyncio.run(run_load(fault_system, lambda: fault_system.kill("worker-prefill-0"), when_chunks=0))
     check(fault_system, table, "SIGKILL prefill worker", outcomes, baseline, before)
+
+
+def test_redis_restart_falls_back_to_recompute(fault_system, baseline, table):
+    """The KV store vanishes (restart without persistence = flush) while sequences are handed off:
+    prefill workers fail to store, decode workers miss and recompute; nobody notices."""
+    before = migrations(fault_system)
+    outcomes = asyncio.run(run_load(fault_system, lambda: fault_system.restart_server(0, down_s=1.0)))
+    check(fault_system, table, "Redis restart (KV lost)", outcomes, baseline, before)
+    fault_system.restarts[-1].join(timeout=30)
+
+
+def test_balancer_restart_rebuilds_from_load_reports(fault_system, baseline, table):
+    def restart_balancers() -> None:
+        for name in ("prefill-balancer", "decode-balancer"):
+            fault_system.kill(name)
+            fault_system.respawn(name)
+
+    before = migrations(fault_system)
+    outcomes = asyncio.run(run_load(fault_system, restart_balancers, when_chunks=1))
+    check(fault_system, table, "balancers SIGKILLed + restarted", outcomes, baseline, before)
+    # and it routes new work again once it heard the workers
+    outcomes = asyncio.run(run_load(fault_system))
+    check(fault_system, table, "after balancer restart", outcomes, baseline, before)
+
+
+def test_nats_restart_reconnects_everything(fault_system, baseline, table):
+    """In-flight requests complete or fail with a clear 503 within the bound (none hang); once
+    NATS is back, every service has reconnected and new requests complete."""
+    outcomes = asyncio.run(run_load(fault_system, lambda: fault_system.restart_server(1, down_s=1.0), when_chunks=5))
+    row = score("NATS restart (in flight)", outcomes, baseline, 0)
+    table.append(row)
+    for o in outcomes:  # bounded by STREAM_TIMEOUT_S in run_load; failures must say why
+        assert o.error == "" or "503" in o.error or "worker_lost" in o.error or "bus_unavailable" in o.error, o.error
+    fault_system.restarts[-1].join(timeout=30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and httpx.get(f"{fault_system.base_url}/ready").status_code != 200:
+        time.sleep(0.2)
+    before = migrations(fault_system)
+    outcomes = asyncio.run(run_load(fault_system))
+    check(fault_system, table, "after NATS restart", outcomes, baseline, before)

@@ -174,3 +174,25 @@ async def test_handlers_run_inside_their_request_context(nc):
         assert decode(reply.data) == SubmitReply(request_id="req-5", accepted=True)
     finally:
         await svc.stop()
+
+
+async def test_empty_request_means_defaults_when_the_type_allows_it(nc):
+    """What `nats req ferry.kv.stats ''` sends: answered when every field has a default."""
+    from ferry.protocol import KvStats, KvStatsRequest
+
+    async def stats(req: KvStatsRequest) -> KvStats:
+        return KvStats(num_blocks=len(req.kv_namespace), num_bytes=0)
+
+    svc = Service("stats-svc", version="1.0.0", description="defaults")
+    svc.endpoint("ferry.test.stats", KvStatsRequest, stats)
+    await svc.start(nc)
+    try:
+        reply = await nc.request("ferry.test.stats", b"", timeout=2)
+        assert decode(reply.data) == KvStats(num_blocks=0, num_bytes=0)
+    finally:
+        await svc.stop()
+
+
+async def test_empty_request_is_refused_when_fields_are_required(nc, service):
+    _, msg = await ask(nc, b"")
+    assert msg.code == "bad_request" and "KvLookup has required fields" in msg.message

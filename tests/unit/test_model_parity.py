@@ -33,6 +33,8 @@ def _hf_written_checkpoint(arch: str, out_dir) -> None:
     cfg["max_position_embeddings"] = 512  # a different size than make-model's, to vary the rope tables
     if arch == "mistral":
         cfg["sliding_window"] = 16
+    if arch == "deepseek-v3":  # make-model covers the q LoRA; this one the direct q_proj
+        cfg["q_lora_rank"] = None
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     torch.manual_seed(1)
     model = transformers.AutoModelForCausalLM.from_config(config)
@@ -94,9 +96,8 @@ def _run_ferry(lm, prompts):
     return tokens, outputs
 
 
-def _run_transformers(path, prompt, generated):
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.eval()
+def _run_transformers(model, prompt, generated):
+    """transformers' own forward and KV cache, one sequence at a time, fed ferry's tokens."""
     cache = transformers.DynamicCache(config=model.config)
     logits = []
     with torch.no_grad():
@@ -113,9 +114,10 @@ def test_logits_and_greedy_tokens_match_transformers(checkpoint):
     prompts = _prompts(min(lm.config.vocab_size, lm.tokenizer.vocab_size))
     tokens, outputs = _run_ferry(lm, prompts)
     assert min(len(o) for o in outputs) >= 16
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     for prompt, seq_tokens, seq_logits in zip(prompts, tokens, outputs):
         generated = seq_tokens[len(prompt):]
-        reference = _run_transformers(checkpoint, prompt, generated)
+        reference = _run_transformers(model, prompt, generated)
         for step, (ours, theirs) in enumerate(zip(seq_logits, reference)):
             torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-4, msg=f"step {step}")
         assert [int(r.argmax()) for r in reference] == generated

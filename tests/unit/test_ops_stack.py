@@ -48,6 +48,8 @@ class Stack:
         self.services = _compose_services()
         self.nats_port, self.redis_port, self.http_port = _free_port(), _free_port(), _free_port()
         self.metrics_ports: dict[str, int] = {}
+        """The last replica's port per service."""
+        self.replica_metrics_ports: list[int] = []
         self.procs: list[subprocess.Popen] = []
 
     def _start(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
@@ -70,8 +72,10 @@ class Stack:
             env[key] = (value.replace("@nats:4222", f"@127.0.0.1:{self.nats_port}")
                         .replace("@redis:6379", f"@127.0.0.1:{self.redis_port}")
                         .replace("/models/demo", str(self.workdir / "models/demo")))
-        self.metrics_ports[name] = _free_port()
-        env["FERRY_METRICS_PORT"] = str(self.metrics_ports[name])  # one host: one port each
+        if name in ROLES:  # one host: one metrics port per replica
+            self.metrics_ports[name] = _free_port()
+            self.replica_metrics_ports.append(self.metrics_ports[name])
+            env["FERRY_METRICS_PORT"] = str(self.metrics_ports[name])
         if name == "gateway":
             env.update(FERRY_HTTP_HOST="127.0.0.1", FERRY_HTTP_PORT=str(self.http_port))
         return env
@@ -83,19 +87,26 @@ class Stack:
             for replica in range(num_decode_workers if name == "decode-worker" else 1):
                 self._start(f"{name}-{replica}", self.services[name]["command"], self.service_env(name))
 
+    def _answers(self, url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
     def wait_ready(self) -> None:
+        """The gateway is ready and every replica serves /metrics (each starts it once it serves)."""
+        urls = [f"http://127.0.0.1:{self.http_port}/ready"]
+        urls += [f"http://127.0.0.1:{port}/metrics" for port in self.replica_metrics_ports]
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             dead = [p.args for p in self.procs if p.poll() is not None]
             assert not dead, f"exited early: {dead}; logs in {self.workdir}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/ready", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
+            urls = [url for url in urls if not self._answers(url)]
+            if not urls:
+                return
             time.sleep(0.5)
-        raise AssertionError(f"gateway not ready in {READY_TIMEOUT_S}s; logs in {self.workdir}")
+        raise AssertionError(f"not ready in {READY_TIMEOUT_S}s: {urls}; logs in {self.workdir}")
 
     def stop(self) -> None:
         for proc in reversed(self.procs):  # services first, servers last

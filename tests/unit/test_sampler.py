@@ -13,7 +13,7 @@ V = 32
 
 
 def req(prompt=(1,), output=(), blocked=(), **kw):
-    return SampleRequest(SamplingParams(**kw), list(prompt), list(output), tuple(blocked))
+    return SampleRequest(SamplingParams(**kw), list(prompt) + list(output), len(prompt), tuple(blocked))
 
 
 def logits_rows(n, seed=0):

@@ -82,9 +82,18 @@ class _Handler:
         finally:
             self.stats.processing_time_ns += time.perf_counter_ns() - start_ns
 
+    def _decode(self, data: bytes) -> Any:
+        """An empty payload (`nats req ferry.kv.stats ''` from the CLI) means every field at its default."""
+        if not data and self.is_endpoint:
+            try:
+                return self.msg_type()
+            except TypeError:
+                raise ProtocolError(f"empty request: {self.msg_type.__name__} has required fields") from None
+        return decode(data, self.msg_type)
+
     async def _handle(self, msg: Msg) -> None:
         try:
-            request = decode(msg.data, self.msg_type)
+            request = self._decode(msg.data)
         except ProtocolError as exc:
             log.warning("%s: bad message on %s: %s", self.stats.name, msg.subject, exc)
             await self._fail(msg, "bad_request", str(exc))

@@ -32,8 +32,7 @@ class RequestState:
     def sample_request(self) -> SampleRequest:
         seq = self.seq
         early = seq.num_output_tokens < seq.sampling.min_tokens
-        return SampleRequest(seq.sampling, seq.token_ids[: seq.num_prompt_tokens], seq.output_token_ids,
-                             self._early_blocked if early else ())
+        return SampleRequest(seq.sampling, seq.token_ids, seq.num_prompt_tokens, self._early_blocked if early else ())
 
     def append(self, token_id: int, logprob: TokenLogprob | None) -> RequestOutput:
         """Add a sampled token; decide whether the request is finished; return its output."""
@@ -73,7 +72,9 @@ def _detokenizer(tokenizer: Decoder, seq: Sequence) -> IncrementalDetokenizer:
     it comes out with the next token, as in a run that never changed hands."""
     num_prompt = seq.num_prompt_tokens
     detok = IncrementalDetokenizer(tokenizer, seq.token_ids[:num_prompt])
-    if seq.num_tokens > num_prompt:
-        detok.add(seq.token_ids[num_prompt:])  # its text was emitted already
+    for token_id in seq.token_ids[num_prompt:]:  # its text was emitted already
+        # one at a time, as the earlier holder added them: in one call, a tail that ends in an
+        # incomplete character would hold back (and later repeat) the text of every prior token
+        detok.add([token_id])
     return detok
 

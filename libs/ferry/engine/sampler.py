@@ -21,10 +21,15 @@ class SampleRequest:
     """What the sampler needs to know about one sequence."""
 
     sampling: SamplingParams
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
+    token_ids: list[int]
+    """Prompt then output tokens so far (the sequence's own list: read, never copied per step)."""
+    num_prompt_tokens: int
     blocked_token_ids: tuple[int, ...] = ()
     """Tokens not allowed now (EOS and stop ids before min_tokens)."""
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
 
 
 @dataclass(slots=True)
@@ -57,11 +62,12 @@ def _apply_penalties(logits: torch.Tensor, requests: list[SampleRequest]) -> Non
     for i, req in enumerate(requests):
         sp = req.sampling
         if sp.repetition_penalty != 1.0:
-            seen = torch.tensor(req.prompt_token_ids + req.output_token_ids, device=logits.device).unique()
+            seen = torch.tensor(req.token_ids, device=logits.device).unique()
             row = logits[i, seen]
             logits[i, seen] = torch.where(row > 0, row / sp.repetition_penalty, row * sp.repetition_penalty)
-        if (sp.presence_penalty or sp.frequency_penalty) and req.output_token_ids:
-            counts = torch.bincount(torch.tensor(req.output_token_ids, device=logits.device), minlength=vocab)
+        if (sp.presence_penalty or sp.frequency_penalty) and req.num_output_tokens:
+            output = torch.tensor(req.token_ids[req.num_prompt_tokens :], device=logits.device)
+            counts = torch.bincount(output, minlength=vocab)
             counts = counts[:vocab].to(logits.dtype)  # [V]
             logits[i] -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(logits.dtype)
 
@@ -112,7 +118,7 @@ def _exponential_noise(probs: torch.Tensor, requests: list[SampleRequest],
     noise = torch.empty_like(probs).exponential_(generator=generator if on_cpu else None)
     for i, req in enumerate(requests):
         if req.sampling.seed is not None:
-            own = torch.Generator().manual_seed(_mix_seed(req.sampling.seed, len(req.output_token_ids)))
+            own = torch.Generator().manual_seed(_mix_seed(req.sampling.seed, req.num_output_tokens))
             noise[i] = torch.empty(probs.shape[-1], dtype=probs.dtype).exponential_(generator=own).to(probs.device)
     return noise
 

@@ -2,8 +2,8 @@
 
 The model calls the torch path on CPU and the Triton kernels on CUDA tensors. FERRY_ATTENTION=torch
 forces the torch path everywhere; FERRY_ATTENTION=triton forces the kernels (on CPU only together
-with TRITON_INTERPRET=1, which the tests use to run the whole model through them). The Triton modules are imported only when used, so CPU runs never
-compile anything.
+with TRITON_INTERPRET=1, which the tests use to run the whole model through them). The Triton
+modules are imported only when used, so CPU runs never compile anything.
 """
 
 import os

@@ -65,16 +65,13 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context
     """One sequence's chunk: q [L, H, D] at positions context_len.., k [S, Hkv, D], v [S, Hkv, Dv]
     covering positions 0..S-1 (S = context_len + L) -> [L, H, Dv]; causal, optional sliding window."""
     length, heads, _ = q.shape
-    kv_heads = k.shape[1]
     qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, L|S, D]
-    if kv_heads != heads:
-        kh = kh.repeat_interleave(heads // kv_heads, dim=0)
-        vh = vh.repeat_interleave(heads // kv_heads, dim=0)
+    gqa = k.shape[1] != heads  # SDPA shares each KV head among its query heads, no repeat copy
     if context_len == 0 and window is None:
-        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=gqa)
     else:
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_mask(
-            length, k.shape[0], context_len, window, q.device), scale=scale)
+        mask = causal_mask(length, k.shape[0], context_len, window, q.device)
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=gqa)
     return out.transpose(0, 1)
 
 

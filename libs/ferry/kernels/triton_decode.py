@@ -73,6 +73,14 @@ def _check_common(q: torch.Tensor, caches: list[torch.Tensor], block_tables: tor
         raise ValueError(f"block_tables: need [B={q.shape[0]}, M] contiguous rows, got {tuple(block_tables.shape)}")
     if tuple(seq_lens.shape) != (q.shape[0],) or not seq_lens.is_contiguous():
         raise ValueError(f"seq_lens: need [B={q.shape[0]}], got {tuple(seq_lens.shape)}")
+    check_block_size(caches[0])
+
+
+def check_block_size(cache: torch.Tensor) -> None:
+    """A cache block is one tl.dot operand dimension; compiled GPU dots need it >= 16 and a power of 2."""
+    block_size = cache.shape[1]
+    if block_size & (block_size - 1) or (cache.is_cuda and block_size < 16):
+        raise ValueError(f"block_size: {block_size} must be a power of 2 (and >= 16 on GPU) for the kernels")
 
 
 def gqa_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ferry.kernels.triton_decode import _online_softmax_step, _pow2
+from ferry.kernels.triton_decode import _online_softmax_step, _pow2, check_block_size
 
 
 @triton.jit
@@ -69,6 +69,7 @@ def varlen_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     for cache in (k_cache, v_cache):
         if cache.dim() != 4 or cache.stride(-1) != 1 or cache.dtype != q.dtype or cache.device != q.device:
             raise ValueError(f"cache: need [N, bs, Hkv, D] {q.dtype} with unit last stride, got {tuple(cache.shape)}")
+    check_block_size(k_cache)
     batch = seq_lens.shape[0]
     if tuple(query_start_loc.shape) != (batch + 1,) or block_tables.shape[0] != batch:
         raise ValueError(f"query_start_loc {tuple(query_start_loc.shape)} / block_tables "
