@@ -16,10 +16,10 @@ from starlette.types import Receive, Scope, Send
 
 from ferry.protocol import ROLES, GenerateRequest
 
-from ferry_services.gateway.auth import ApiKeys, install_guard
+from ferry_services.gateway.auth import ApiKeys, install_guard, lone_surrogate_field
 from ferry_services.gateway.bus import GatewayBus
 from ferry_services.gateway.convert import ModelLimits, chat_to_generate, completion_to_generate
-from ferry_services.gateway.errors import APIError, install_error_handlers
+from ferry_services.gateway.errors import APIError, bad_request, install_error_handlers
 from ferry_services.gateway.generation import Generation
 from ferry_services.gateway.responses import (Envelope, Output, delta_chunk, full_body, role_chunk,
                                               usage_chunk)
@@ -61,6 +61,7 @@ def create_app(settings: GatewaySettings, tokenizer: Tokenizer, limits: ModelLim
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        _require_valid_unicode(body)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         generate = completion_to_generate(body, tokenizer, limits, request_id, bus.gateway_id)
         env = Envelope(id=request_id, model=limits.name, is_chat=False)
@@ -68,6 +69,7 @@ def create_app(settings: GatewaySettings, tokenizer: Tokenizer, limits: ModelLim
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        _require_valid_unicode(body)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         generate = chat_to_generate(body, tokenizer, limits, request_id, bus.gateway_id)
         env = Envelope(id=request_id, model=limits.name, is_chat=True)
@@ -88,6 +90,12 @@ def create_app(settings: GatewaySettings, tokenizer: Tokenizer, limits: ModelLim
         return JSONResponse(full_body(env, out, tokenizer, want_logprobs))
 
     return app
+
+
+def _require_valid_unicode(body: CommonFields) -> None:
+    field = lone_surrogate_field(body.model_dump())
+    if field:
+        raise bad_request(field, "contains a lone UTF-16 surrogate (\\ud800-\\udfff); send valid Unicode")
 
 
 def _model_card(limits: ModelLimits, created: int) -> dict[str, Any]:

@@ -9,7 +9,8 @@ stay open: Kubernetes calls them without credentials and they reveal nothing sec
 
 Bodies larger than `FERRY_MAX_BODY_BYTES` get 413 before the app parses anything: a declared
 Content-Length over the limit is refused at once, a chunked body as soon as it crosses it.
-No key ever appears in a log line or an error body.
+No key ever appears in a log line or an error body. `lone_surrogate_field` finds text JSON can
+carry but no tokenizer or msgpack can (a lone UTF-16 surrogate), so the app answers 400, not 500.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import logging
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -151,6 +153,27 @@ async def _reply(send: Send, status: int, message: str, code: str, extra: dict[s
     headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
+
+
+def lone_surrogate_field(value: Any, path: str = "") -> str | None:
+    """The path of the first string holding a lone UTF-16 surrogate (JSON allows `"\\ud800"`, but
+    no tokenizer or msgpack can take it), or None. Walks a request body's `model_dump()`."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found = lone_surrogate_field(item, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = lone_surrogate_field(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
 
 
 def install_guard(app, keys: ApiKeys, max_body_bytes: int) -> None:

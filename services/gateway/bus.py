@@ -49,6 +49,11 @@ class GatewayBus:
         self._service.subscribe(subjects.LOAD_ALL, LoadReport, self._on_load, name="load")
 
     @property
+    def num_reconnects(self) -> int:
+        """Times the NATS connection was re-established (events may have been missed meanwhile)."""
+        return self._nc.stats["reconnects"] if self._nc is not None else 0
+
+    @property
     def is_connected(self) -> bool:
         return self._nc is not None and self._nc.is_connected
 

@@ -16,7 +16,7 @@ from ferry.protocol import ErrorEvent, GenerateRequest, TokenEvent
 
 from ferry_services.gateway.bus import GatewayBus, SubmitFailed
 from ferry_services.gateway.errors import APIError
-from ferry_services.gateway.migration import WATCH_INTERVAL_S, holder_lost, migrate
+from ferry_services.gateway.migration import WATCH_INTERVAL_S, LossWatch, migrate
 from ferry_services.gateway.tracker import Lost
 
 # ErrorEvent.code / SubmitReply.reason -> HTTP status
@@ -36,6 +36,7 @@ class Generation:
         self.request = request
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
+        self._watch = LossWatch(bus, request.request_id)
         self.is_finished = False
         self._queue: asyncio.Queue | None = None
         self._cancel_reason = "client_disconnected"
@@ -108,7 +109,7 @@ class Generation:
             try:
                 return await asyncio.wait_for(self._queue.get(), min(left, WATCH_INTERVAL_S))
             except asyncio.TimeoutError:
-                lost = holder_lost(self.bus, self.request_id, time.monotonic())
+                lost = self._watch.check(time.monotonic(), self._waiting_since)
                 if lost is not None:
                     return lost
 

@@ -37,6 +37,41 @@ RETRY_SUBMIT_S = 0.5
 """Pause before resubmitting when no worker took the migrated request."""
 
 
+RECONNECT_QUIET_S = 1.0
+"""After the gateway's bus reconnects, a request that hears nothing for this long is resubmitted."""
+
+
+class LossWatch:
+    """Decides, on each quiet tick of one request, whether its current attempt is lost:
+    - its holder stopped reporting (`holder_lost`), or
+    - the gateway's NATS connection was re-established and the request has heard nothing since:
+      events published while we were not subscribed are gone, the finishing one included, and no
+      later event would reveal the gap (a NATS restart does exactly this)."""
+
+    def __init__(self, bus: GatewayBus, request_id: str) -> None:
+        self.bus = bus
+        self.request_id = request_id
+        self._reconnects = bus.num_reconnects
+        self._noticed_at: float | None = None
+
+    def check(self, now: float, waiting_since: float) -> Lost | None:
+        lost = holder_lost(self.bus, self.request_id, now)
+        if lost is not None:
+            return lost
+        if self.bus.num_reconnects != self._reconnects:
+            self._reconnects = self.bus.num_reconnects
+            self._noticed_at = now
+        if self._noticed_at is None:
+            return None
+        if waiting_since > self._noticed_at:  # an event came after the reconnect: the stream is fine
+            self._noticed_at = None
+            return None
+        if now - self._noticed_at > RECONNECT_QUIET_S:
+            self._noticed_at = None
+            return Lost(self.request_id, "", "nothing heard since the gateway's bus reconnected")
+        return None
+
+
 def holder_lost(bus: GatewayBus, request_id: str, now: float) -> Lost | None:
     """A Lost marker when the worker holding `request_id` stopped reporting; else None."""
     pending = bus.tracker.get(request_id)
@@ -81,7 +116,7 @@ async def migrate(bus: GatewayBus, request: GenerateRequest, lost: Lost, max_att
         try:
             reply = await bus.submit(request)
         except SubmitFailed as exc:
-            if exc.code not in ("no_workers", "overloaded"):
+            if exc.code == "bad_request":  # the request itself is refused: another try cannot help
                 raise APIError(503, f"could not resubmit after {last_problem}: {exc.message}",
                                code="worker_lost") from None
             last_problem = f"resubmit refused ({exc.code})"

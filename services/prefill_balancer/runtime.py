@@ -16,6 +16,7 @@ from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NotFoundError
 
+from ferry import metrics
 from ferry.bus import publish_work
 from ferry.protocol import LoadReport, ProtocolError, decode, subjects
 from ferry_services.prefill_balancer.view import WorkerView
@@ -74,11 +75,22 @@ class BalancerRuntime:
         for worker_id in self.view.expire(time.monotonic()):
             log.warning("%s worker %s fell silent: out of routing, re-routing its queue", self.role, worker_id)
             self._draining.add(worker_id)
+            metrics.WORKER_QUEUE_DEPTH.remove(self.role, worker_id)
+        await self.sample_queue_depths()
         for worker_id in sorted(self._draining):
             if worker_id not in self.view.silent_ids:  # it came back: its queue is its own again
                 self._draining.discard(worker_id)
             elif await self.drain(worker_id, rerouter):
                 self._draining.discard(worker_id)
+
+    async def sample_queue_depths(self) -> None:
+        """Messages waiting on each live worker's consumer, for the ferry_worker_queue_depth gauge."""
+        for worker_id in list(self.view.workers):
+            try:
+                info = await self.js.consumer_info(subjects.WORK_STREAM, subjects.work_consumer(self.role, worker_id))
+            except NotFoundError:
+                continue
+            metrics.WORKER_QUEUE_DEPTH.labels(self.role, worker_id).set(info.num_pending)
 
     async def drain(self, worker_id: str, rerouter: Rerouter) -> bool:
         """Move the silent worker's queued messages; True once its consumer is empty and gone."""

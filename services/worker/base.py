@@ -16,7 +16,9 @@ import time
 from typing import Any
 
 from nats.aio.client import Client
+from nats.js.errors import ServiceUnavailableError
 
+from ferry import metrics
 from ferry.bus import Service, WorkConsumer, WorkItem, ensure_work_consumer
 from ferry.protocol import Cancel, ErrorEvent, GenerateRequest, LoadReport, OutputBatch, encode, subjects
 from ferry_services.worker.compute import ComputeThread
@@ -57,6 +59,7 @@ class Worker(abc.ABC):
         self.draining = False
         self.consumer: WorkConsumer | None = None
         self.tasks: set[asyncio.Task] = set()
+        self._num_cached_reported = 0
         self.service = Service(f"{self.role}-worker", description=f"ferry {self.role} worker",
                                metadata={"worker_id": self.worker_id, "model": settings.model_name})
         self.service.subscribe(subjects.CANCEL, Cancel, self.on_cancel)
@@ -89,7 +92,11 @@ class Worker(abc.ABC):
                 self.has_work.clear()
                 await self.has_work.wait()
                 continue
+            start = time.perf_counter()
             outputs = await self.compute.call(self.step)
+            log.debug("step: %d outputs in %.1f ms", len(outputs), (time.perf_counter() - start) * 1000)
+            if outputs:  # sequences that produced a token this step (chunked prefills excluded)
+                metrics.BATCH_SIZE.labels(self.role).observe(len(outputs))
             await self.after_step(outputs)
             self.has_room.set()
             if not outputs:  # e.g. everything waits for blocks: do not spin on the engine thread
@@ -125,12 +132,26 @@ class Worker(abc.ABC):
                 self.has_room.clear()
                 await _wait(self.has_room, FETCH_WAIT_S)
                 continue
-            items = await self.consumer.fetch(min(budget, MAX_FETCH), self.work_type, timeout_s=FETCH_WAIT_S)
+            try:
+                items = await self.consumer.fetch(min(budget, MAX_FETCH), self.work_type, timeout_s=FETCH_WAIT_S)
+            except ServiceUnavailableError:  # our consumer is gone: JetStream restarted, or a balancer took us for dead
+                await self.restore_consumer()
+                continue
             for item in items:
                 if self.draining:
                     await item.nak()
                 else:
                     await self.accept(item)
+
+    async def restore_consumer(self) -> None:
+        """Recreate this worker's durable consumer (idempotent); the bound pull subscription then
+        works again, as it pulls by the consumer's name."""
+        log.warning("work consumer of %s unavailable; recreating it", self.worker_id)
+        try:
+            await ensure_work_consumer(self.js, self.role, self.worker_id, ack_wait_s=self.settings.ack_wait_s)
+        except Exception as exc:  # JetStream not back yet: try again after a pause
+            log.warning("could not recreate the work consumer: %r", exc)
+            await asyncio.sleep(FETCH_WAIT_S)
 
     def pull_budget(self) -> int:
         """How many more messages to pull now; the role refines it."""
@@ -231,7 +252,17 @@ class Worker(abc.ABC):
         )
 
     async def publish_report(self) -> None:
-        await self.nc.publish(subjects.load(self.role, self.worker_id), encode(self.load_report()))
+        report = self.load_report()
+        await self.nc.publish(subjects.load(self.role, self.worker_id), encode(report))
+        self.update_metrics(report)
+
+    def update_metrics(self, report: LoadReport) -> None:
+        metrics.REQUESTS_RUNNING.labels(self.role).set(report.num_running)
+        metrics.REQUESTS_WAITING.labels(self.role).set(report.num_waiting)
+        metrics.KV_CACHE_USAGE.labels(self.role).set(report.kv_usage)
+        num_cached = self.compute.stats.num_cached_tokens
+        metrics.PREFIX_CACHE_HITS.labels(self.role).inc(max(0, num_cached - self._num_cached_reported))
+        self._num_cached_reported = num_cached
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> None:

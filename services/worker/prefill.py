@@ -17,6 +17,7 @@ import time
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from ferry import metrics
 from ferry.bus import WorkItem
 from ferry.kvstore import KvStoreError
 from ferry.protocol import Handoff, HandoffReply, PrefillWork, ProtocolError, decode, encode, subjects
@@ -35,8 +36,6 @@ class PrefillWorker(Worker):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.prefilled: dict = {}
-        """PrefilledKV taken on the engine thread in `step`, by request id."""
         self.num_handoffs = 0
         self.num_kv_store_failures = 0
 
@@ -52,7 +51,10 @@ class PrefillWorker(Worker):
                 await item.ack()
             return  # a redelivery of what we hold: the held copy gets settled
         await self.drop_older_attempt(request.request_id)
+        if item.msg.routed_at:
+            log.debug("%s pulled %.1f ms after routing", request.request_id, (time.time() - item.msg.routed_at) * 1000)
         self.hold(request, item)
+        metrics.PREFIX_CACHE_QUERIES.labels(self.role).inc(len(request.all_token_ids))
         try:
             await self.compute.call(self.engine.add_request, request.request_id, request.prompt_token_ids,
                                     request.sampling, request.output_token_ids, request.arrival_time or None)
@@ -63,23 +65,26 @@ class PrefillWorker(Worker):
             return
         self.has_work.set()
 
-    def step(self) -> list:
-        """Runs on the engine thread: a step, then the KV of every sequence that got its first token."""
-        outputs = self.engine.step()
-        for out in outputs:
-            if out.finish_reason is None:
-                self.prefilled[out.request_id] = self.engine.take_prefilled(out.request_id)
-        return outputs
-
     async def after_step(self, outputs: list) -> None:
-        await self.publish_outputs(outputs)
+        await self.publish_outputs(outputs)  # first tokens go out before any KV is copied: TTFT
+        pinned = [o for o in outputs if o.finish_reason is None and o.request_id in self.requests]
+        prefilled = await self.compute.call(self._take_prefilled, [o.request_id for o in pinned])
         for out in outputs:
-            kv = self.prefilled.pop(out.request_id, None)
             if out.finish_reason is not None:  # done at its first token (max_tokens=1, EOS)
                 self.forget(out.request_id)
                 await self.settle(out.request_id)
-            elif kv is not None and out.request_id in self.requests:
-                self.spawn(self.hand_off(out.request_id, out.new_token_ids, kv))
+            elif out.request_id in prefilled and out.request_id in self.requests:
+                self.spawn(self.hand_off(out.request_id, out.new_token_ids, prefilled[out.request_id]))
+
+    def _take_prefilled(self, request_ids: list[str]) -> dict:
+        """Runs on the engine thread: each sequence's KV as a CPU copy; its blocks are freed."""
+        taken = {}
+        for request_id in request_ids:
+            try:
+                taken[request_id] = self.engine.take_prefilled(request_id)
+            except KeyError:  # aborted (cancel, newer attempt) since the step
+                continue
+        return taken
 
     async def hand_off(self, request_id: str, new_token_ids: list[int], kv) -> None:
         request = self.requests[request_id]

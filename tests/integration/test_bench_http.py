@@ -34,6 +34,10 @@ class Peer:
     itl_s: float = 0.01
     send_usage: bool = True
     hf_strict: bool = False
+    silent: bool = False
+    cut: bool = False
+    """End the stream right after the content chunks (a server that died mid-answer)."""
+    """Generate but stream no text (a server skipping special tokens): only the usage chunk."""
     bodies: list[dict] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
@@ -75,7 +79,10 @@ async def _stream(peer: Peer, body: dict):
         for i in range(num):
             if i:
                 await asyncio.sleep(peer.itl_s)
-            yield _sse({"choices": [{"index": 0, "text": f"tok{i} ", "finish_reason": None}]})
+            if not peer.silent:
+                yield _sse({"choices": [{"index": 0, "text": f"tok{i} ", "finish_reason": None}]})
+        if peer.cut:
+            return
         yield _sse({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
         if peer.hf_strict or (peer.send_usage and body.get("stream_options", {}).get("include_usage")):
             yield _sse({"choices": [], "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": num}})
@@ -139,6 +146,25 @@ async def test_counts_tokens_from_chunks_without_usage(served):
     peer.send_usage, peer.ttft_s, peer.itl_s = False, 0.0, 0.0
     phase = await run_phase(_calls([3, 7]), [0.0, 0.0], _config(base_url), "p", math.inf)
     assert [r.num_output_tokens for r in phase.results] == [3, 7]
+
+
+async def test_silent_stream_with_usage_counts_tokens_but_has_no_ttft(served):
+    base_url, peer = served
+    peer.silent, peer.ttft_s, peer.itl_s = True, 0.0, 0.0
+    phase = await run_phase(_calls([5]), [0.0], _config(base_url), "p", math.inf)
+    (r,) = phase.results
+    assert r.ok and r.num_output_tokens == 5 and r.ttft_s is None and r.tpot_s is None
+    peer.send_usage = False                      # nothing streamed and no usage: a failed request
+    phase = await run_phase(_calls([5]), [0.0], _config(base_url), "p", math.inf)
+    assert not phase.results[0].ok and phase.results[0].error == "stream ended without any token"
+
+
+async def test_stream_cut_before_finish_is_an_error(served):
+    base_url, peer = served
+    peer.cut, peer.ttft_s, peer.itl_s = True, 0.0, 0.0
+    phase = await run_phase(_calls([4]), [0.0], _config(base_url), "p", math.inf)
+    (r,) = phase.results
+    assert not r.ok and r.error == "stream cut after 4 tokens (no finish_reason)"
 
 
 async def test_concurrency_is_bounded(served):

@@ -165,3 +165,27 @@ def test_requests_that_cannot_fit_are_refused(lm):
     eng.add_request("b", [5], GREEDY)
     with pytest.raises(ValueError, match="already"):
         eng.add_request("b", [5], GREEDY)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        eng.add_request("c", [5, lm.config.vocab_size], GREEDY)
+
+
+def test_migrated_request_continues_after_its_streamed_tokens(lm):
+    prompt = random_prompts(1, 30, 30, seed=10)[0]
+    expected = tokens(run_all(engine(lm), [prompt]))[0]
+    eng = engine(lm)
+    eng.add_request("m", prompt, GREEDY, output_token_ids=expected[:4])
+    outs = []
+    while eng.has_unfinished_requests():
+        outs += eng.step()
+    assert [o.index for o in outs] == list(range(4, 10))
+    assert expected[:4] + [t for o in outs for t in o.new_token_ids] == expected
+
+
+def test_kv_events_report_stored_and_evicted_blocks(lm):
+    eng = engine(lm, num_kv_blocks=8)
+    run_all(eng, [list(range(5, 5 + 64))], SamplingParams(max_tokens=1, temperature=0))
+    stored, removed = eng.drain_kv_events()
+    assert len(stored) == 4 and removed == []
+    run_all(eng, [list(range(200, 200 + 100))], SamplingParams(max_tokens=1, temperature=0))
+    stored, removed = eng.drain_kv_events()
+    assert len(stored) == 6 and len(removed) == 3  # 7 blocks needed: 4 free, the rest evicted LRU

@@ -116,9 +116,13 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict, cal
         result.num_output_tokens = len(result.chunk_times_s)
     if result.num_prompt_tokens is None:
         result.num_prompt_tokens = call.num_prompt_tokens
-    result.ok = result.error is None and bool(result.chunk_times_s)
-    if result.error is None and not result.chunk_times_s:
-        result.error = "stream ended without any content chunk"
+    # A server may generate tokens whose text is empty (special tokens it skips) and so stream no
+    # chunk at all: the request still succeeded (usage counts its tokens), it just has no TTFT.
+    if result.error is None and result.num_output_tokens == 0:
+        result.error = "stream ended without any token"
+    elif result.error is None and result.finish_reason is None:
+        result.error = f"stream cut after {result.num_output_tokens} tokens (no finish_reason)"
+    result.ok = result.error is None
     return result
 
 

@@ -270,11 +270,12 @@ def add_url_arguments(parser) -> None:
 
 def run_url(args, workload: WorkloadConfig, out_dir: str, show_progress: bool = True) -> int:
     """`ferry bench --url`: cli.py builds the shared workload and output folder, this does the rest."""
+    rates = parse_rates(args.rates)  # bad options fail before any network call
     model = args.served_model or detect_model(args.url)
     config = OnlineConfig(base_url=args.url, model=model, max_concurrency=args.max_concurrency,
                           request_timeout_s=args.request_timeout, phase_time_limit_s=args.phase_time_limit,
                           length_control=args.length_control, metrics_urls=tuple(args.metrics_url),
                           batch_metric=args.batch_metric, show_progress=show_progress)
-    report = bench_url(config, workload, parse_rates(args.rates), args.prompt_format, out_dir)
+    report = bench_url(config, workload, rates, args.prompt_format, out_dir)
     print((Path(out_dir) / "summary.md").read_text())
     return 0 if all(s["num_errors"] == 0 for s in report["summary"]) else 1

@@ -31,6 +31,7 @@ def summarize(phase: PhaseResult) -> dict:
         "num_requests": len(phase.results),
         "num_ok": len(ok),
         "num_errors": len(phase.results) - len(ok),
+        "num_ok_without_streamed_text": sum(1 for r in ok if not r.chunk_times_s),
         "errors": sorted({r.error for r in phase.results if r.error})[:5],
         "timed_out": phase.timed_out,
         "duration_s": phase.duration_s,
@@ -96,6 +97,11 @@ def markdown_summary(report: dict, plot_names: list[str]) -> str:
             f"| {_fmt(s['e2e_ms']['p99'])} | {_fmt(s['mean_batch_size'])} |")
     lines += ["", "Latencies in ms. TPOT = (last token - first token) / (tokens - 1) per request; "
               "ITL = gaps between streamed chunks.", ""]
+    silent = [f"{s['name']}: {s['num_ok_without_streamed_text']}" for s in report["summary"]
+              if s["num_ok_without_streamed_text"]]
+    if silent:
+        lines += ["Requests that finished (usage counts their tokens) but streamed no text, so have no "
+                  "TTFT/TPOT: " + ", ".join(silent), ""]
     errors = [(s["name"], e) for s in report["summary"] for e in s["errors"]]
     if errors:
         lines += ["Errors (first distinct ones):"] + [f"- {name}: {err}" for name, err in errors] + [""]

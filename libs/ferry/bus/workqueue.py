@@ -26,7 +26,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from ferry.protocol import MAX_MESSAGE_BYTES, ProtocolError, decode, encode, subjects
 
@@ -113,10 +113,6 @@ class WorkConsumer:
         try:
             raws = await self._psub.fetch(batch=max_msgs, timeout=timeout_s)
         except (nats.errors.TimeoutError, asyncio.TimeoutError):
-            return []
-        except ServiceUnavailableError:  # JetStream not back yet after a NATS restart
-            log.warning("%s: JetStream unavailable; retrying", self.name)
-            await asyncio.sleep(timeout_s)
             return []
         items = []
         for raw in raws:

@@ -166,6 +166,10 @@ class LLMEngine:
         if not prompt_token_ids:
             raise ValueError("prompt_token_ids: must not be empty")
         tokens = list(prompt_token_ids) + list(output_token_ids)
+        vocab = self.lm.config.vocab_size
+        bad = next((t for t in tokens if not (isinstance(t, int) and 0 <= t < vocab)), None)
+        if bad is not None:  # an embedding lookup would raise mid-step and take the whole batch down
+            raise ValueError(f"prompt_token_ids: token id {bad!r} is outside the vocabulary [0, {vocab})")
         if len(tokens) >= self.max_model_len:
             raise ValueError(f"prompt_token_ids: {len(tokens)} tokens leave no room in the model's "
                              f"{self.max_model_len}-token context")

@@ -12,6 +12,7 @@ import torch
 
 from ferry.kernels.attention_ref import (
     causal_mask,
+    decode_plan,
     gather_seq,
     paged_decode_attention,
     prefill_attention,
@@ -24,4 +25,4 @@ def use_triton(t: torch.Tensor) -> bool:
     return choice == "triton" or (choice == "auto" and t.is_cuda)
 
 
-__all__ = ["causal_mask", "gather_seq", "paged_decode_attention", "prefill_attention", "use_triton", "write_kv"]
+__all__ = ["causal_mask", "decode_plan", "gather_seq", "paged_decode_attention", "prefill_attention", "use_triton", "write_kv"]

@@ -6,7 +6,7 @@ token. Tokens are flattened without padding; per-sequence block tables say where
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -41,6 +41,8 @@ class AttentionMetadata:
     """[Bd, M] int64: block_tables of the decoding sequences."""
     decode_seq_lens: torch.Tensor
     """[Bd] int64: seq_lens of the decoding sequences."""
+    step_cache: dict = field(default_factory=dict)
+    """Derived tensors every layer of this step shares (decode gather plans per window), built once."""
 
     @property
     def max_query_len(self) -> int:
@@ -64,9 +66,8 @@ class AttentionMetadata:
             starts.append(starts[-1] + q)
         seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
         width = max((len(t) for t in block_tables), default=0) or 1
-        table = torch.zeros(len(block_tables), width, dtype=torch.int64)
-        for i, blocks in enumerate(block_tables):
-            table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
+        table = torch.tensor([list(t) + [0] * (width - len(t)) for t in block_tables], dtype=torch.int64)
+        table = table.view(len(block_tables), width)
         slots = _slot_mapping(query_lens, context_lens, table, block_size)
         decode = [i for i, q in enumerate(query_lens) if q == 1]
 

@@ -6,12 +6,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ferry.kernels import gather_seq, paged_decode_attention, prefill_attention, use_triton, write_kv
+from ferry.kernels import (decode_plan, gather_seq, paged_decode_attention, prefill_attention, use_triton,
+                           write_kv)
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
 from ferry.model.kv_cache import PagedKVCache
 from ferry.model.layers import fuse_linears
 from ferry.model.rope import apply_rotary
+
+
+def decode_plan_for(meta: AttentionMetadata, block_size: int, window: int | None):
+    """The decoding rows' gather plan, built by the first layer of the step and reused by the rest."""
+    if not meta.decode_token_rows.numel():
+        return None
+    key = ("decode_plan", window)
+    if key not in meta.step_cache:
+        meta.step_cache[key] = decode_plan(meta.decode_block_tables, meta.decode_seq_lens, block_size, window)
+    return meta.step_cache[key]
 
 
 class GQAttention(nn.Module):
@@ -44,20 +55,26 @@ class GQAttention(nn.Module):
                         k.view(tokens, self.num_kv_heads, self.head_dim)], dim=1)
         q, k = apply_rotary(qk, cos, sin, False).split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        write_kv(kv.layer(self.layer, 0), meta.slot_mapping, k)
+        write_kv(kv.layer(self.layer, 1), meta.slot_mapping, v)
+        attend = self._triton_attention if use_triton(q) else self._torch_attention
+        return self.o_proj(attend(q, k, v, kv, meta).reshape(tokens, -1))
+
+    def _torch_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKVCache,
+                         meta: AttentionMetadata) -> torch.Tensor:
+        """CPU: decoding rows in one batched call, prefilling sequences one by one -> [T, H, D]."""
         k_cache, v_cache = kv.layer(self.layer, 0), kv.layer(self.layer, 1)
-        write_kv(k_cache, meta.slot_mapping, k)
-        write_kv(v_cache, meta.slot_mapping, v)
-        if use_triton(q):
-            return self.o_proj(self._triton_attention(q, k_cache, v_cache, meta).view(tokens, -1))
+        plan = decode_plan_for(meta, kv.block_size, self.window)
+        gathered = 0 if plan is None else plan[0].numel() * kv.block_size * self.num_kv_heads * self.head_dim
+        scratch = kv.decode_scratch(gathered) if gathered else None
         if not meta.prefill_rows:  # a pure decode step: rows are already in sequence order
-            out = paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
-                                         self.window)
-            return self.o_proj(out.view(tokens, -1))
+            return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
+                                          self.window, plan, scratch)
         out = torch.empty_like(q)  # [T, H, D]
         if meta.decode_token_rows.numel():
             rows = meta.decode_token_rows
             out[rows] = paged_decode_attention(q[rows], k_cache, v_cache, meta.decode_block_tables,
-                                               meta.decode_seq_lens, self.scale, self.window)
+                                               meta.decode_seq_lens, self.scale, self.window, plan, scratch)
         for i in meta.prefill_rows:
             start, end, ctx = meta.query_starts[i], meta.query_starts[i + 1], meta.context_lens[i]
             if ctx == 0:  # the whole sequence is new: use this step's K/V directly
@@ -66,11 +83,12 @@ class GQAttention(nn.Module):
                 blocks, total = meta.block_tables[i], ctx + end - start
                 k_seq, v_seq = gather_seq(k_cache, blocks, total), gather_seq(v_cache, blocks, total)
             out[start:end] = prefill_attention(q[start:end], k_seq, v_seq, ctx, self.scale, self.window)
-        return self.o_proj(out.view(tokens, -1))
+        return out
 
-    def _triton_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    def _triton_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKVCache,
                           meta: AttentionMetadata) -> torch.Tensor:
         """GPU: one kernel launch for the whole batch, no per-sequence loop."""
+        k_cache, v_cache = kv.layer(self.layer, 0), kv.layer(self.layer, 1)
         if not meta.prefill_rows:
             from ferry.kernels.triton_decode import gqa_decode_attention
 

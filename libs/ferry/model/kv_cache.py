@@ -25,6 +25,15 @@ class PagedKVCache:
         self.data = torch.zeros(num_layers, num_planes, num_kv_heads, num_blocks, block_size, head_dim,
                                 device=device, dtype=dtype)
 
+        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def decode_scratch(self, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two flat buffers of at least numel elements that decode attention gathers K and V into;
+        kept across layers and steps, so a decode step allocates no large tensors."""
+        if self._scratch is None or self._scratch[0].numel() < numel:
+            self._scratch = tuple(torch.empty(numel, device=self.data.device, dtype=self.dtype) for _ in "kv")
+        return self._scratch
+
     @property
     def block_shape(self) -> tuple[int, ...]:
         """Shape of one block as read_blocks returns it: [L, planes, H, block_size, D]."""

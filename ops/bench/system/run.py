@@ -2,8 +2,8 @@
 
 One invocation, same `bench` checkpoint, same seeded workload (shared/BENCHMARKS.md):
   1. offline throughput: every request at once; output tokens/s, first send to last token;
-  2. low-load TTFT: the first `--ttft-requests` prompts one at a time (nothing else running);
-     time from submit to first token. In-process that is add_request -> the step that emits it;
+  2. low-load TTFT: the first `--ttft-requests` prompts one at a time (nothing else running),
+     engine and system alternating request by request; time from submit to first token. In-process that is add_request -> the step that emits it;
      through the system it is HTTP POST -> first SSE content chunk (gateway, prefill-balancer,
      JetStream, prefill worker, token event back through the gateway).
 `ferry up` starts once; then for each of --rounds rounds the engine and the system take turns on
@@ -31,6 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+
+from ferry.bench.http_client import build_body, stream_completion
 from ferry.bench.online import OnlineConfig, make_calls, run_phase
 from ferry.bench.workload import WorkloadConfig, latency_summary, make_workload
 from ferry.launcher.servers import free_port
@@ -50,6 +53,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--torch-threads", type=int, help="CPU threads per worker process (ferry up --torch-threads)")
+    p.add_argument("--engine-threads", type=int,
+                   help="torch threads of the in-process engine (default: the workers' total, when --torch-threads)")
     return p.parse_args()
 
 
@@ -81,16 +86,17 @@ def _sampling(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens, temperature=0, ignore_eos=True)
 
 
-def make_engine(model: Path):
+def make_engine(model: Path, threads: int | None):
+    import torch
+
     from ferry.engine import EngineConfig, LLMEngine
+
+    if threads:
+        torch.set_num_threads(threads)
 
     engine = LLMEngine.from_model_path(model, EngineConfig(**ENGINE_ARGS))
     engine_ttft(engine, make_workload(WorkloadConfig(num_requests=2, seed=10**6)))  # warm-up
     return engine
-
-
-def run_engine(engine, requests, ttft_requests) -> dict:
-    return {"offline": engine_offline(engine, requests), "ttft_s": engine_ttft(engine, ttft_requests)}
 
 
 # ---- the system over HTTP ----------------------------------------------------------------------
@@ -113,18 +119,30 @@ def start_system(model: Path, run_dir: Path, args: argparse.Namespace) -> tuple[
     raise SystemExit("ferry up did not become ready")
 
 
-async def system_phases(base_url: str, model_name: str, calls, ttft_calls) -> dict:
+async def system_offline(base_url: str, model_name: str, calls) -> dict:
     config = OnlineConfig(base_url=base_url, model=model_name, max_concurrency=len(calls), show_progress=False)
     offline = await run_phase(calls, [0.0] * len(calls), config, "offline", math.inf)
-    serial = OnlineConfig(base_url=base_url, model=model_name, max_concurrency=1, show_progress=False)
-    ttft = await run_phase(ttft_calls, [0.0] * len(ttft_calls), serial, "ttft", math.inf)
-    errors = [r.error for r in offline.results + ttft.results if not r.ok]
+    errors = [r.error for r in offline.results if not r.ok]
     if errors:
         raise SystemExit(f"{len(errors)} requests failed through the system, e.g. {errors[0]}")
     num_tokens = sum(r.num_output_tokens for r in offline.results)
-    return {"offline": {"duration_s": offline.duration_s, "output_tokens": num_tokens,
-                        "output_tokens_per_s": num_tokens / offline.duration_s},
-            "ttft_s": [r.ttft_s for r in ttft.results]}
+    return {"duration_s": offline.duration_s, "output_tokens": num_tokens,
+            "output_tokens_per_s": num_tokens / offline.duration_s}
+
+
+async def ttft_pairs(engine, base_url: str, model_name: str, requests, calls) -> tuple[list[float], list[float]]:
+    """Low-load TTFT, alternating request by request: engine, then system, on the same prompt, so
+    that load from other processes hits both sides alike."""
+    engine_s, system_s = [], []
+    async with httpx.AsyncClient() as client:
+        for request, call in zip(requests, calls):
+            engine_s += engine_ttft(engine, [request])
+            body = build_body(call, model_name, "extra")
+            result = await stream_completion(client, f"{base_url}/v1/completions", body, call, 0.0, 120.0)
+            if not result.ok:
+                raise SystemExit(f"a TTFT request failed through the system: {result.error}")
+            system_s.append(result.ttft_s)
+    return engine_s, system_s
 
 
 def warm_up_system(base_url: str, model_name: str) -> None:
@@ -149,6 +167,7 @@ def report(args, model: Path, rounds: list[dict]) -> dict:
         "seed": args.seed, "engine_config": ENGINE_ARGS,
         "system_workers": {"prefill": args.prefill_workers, "decode": args.decode_workers,
                            "torch_threads": args.torch_threads or "default"},
+        "engine_threads": args.engine_threads or "default",
         "rounds": rounds,
         "ratios": {"output_tokens_per_s_system_over_engine": throughput_ratio,
                    "p50_ttft_added_ms": ttft_added_ms,
@@ -181,13 +200,15 @@ def plot(out: Path, result: dict) -> None:
 
 
 def one_round(engine, base_url: str, model_name: str, args, seed: int) -> dict:
-    """The engine, then the system, on this round's workload."""
+    """This round's workload: offline on the engine, then on the system; then TTFT pairs."""
     workload = WorkloadConfig(num_requests=args.num_requests, seed=seed)
     requests = make_workload(workload)
     calls = make_calls(workload, "ids")
     ttft_calls = [dataclasses.replace(c, max_tokens=8) for c in calls[: args.ttft_requests]]
-    engine_side = run_engine(engine, requests, requests[: args.ttft_requests])
-    system_side = asyncio.run(system_phases(base_url, model_name, calls, ttft_calls))
+    engine_side = {"offline": engine_offline(engine, requests)}
+    system_side = {"offline": asyncio.run(system_offline(base_url, model_name, calls))}
+    engine_side["ttft_s"], system_side["ttft_s"] = asyncio.run(
+        ttft_pairs(engine, base_url, model_name, requests[: args.ttft_requests], ttft_calls))
     return {"seed": seed, "engine": engine_side, "system": system_side,
             "ratios": round_ratios(engine_side, system_side)}
 
@@ -201,7 +222,9 @@ def main() -> int:
         from ferry.model.make_model import make_model
 
         model = make_model(tmp / "bench", "llama", "bench")
-    engine = make_engine(model)
+    if args.engine_threads is None and args.torch_threads:
+        args.engine_threads = args.torch_threads * (args.prefill_workers + args.decode_workers)
+    engine = make_engine(model, args.engine_threads)
     print(f"system: ferry up with {args.prefill_workers} prefill + {args.decode_workers} decode workers", flush=True)
     process, base_url = start_system(model, tmp / "run", args)
     rounds = []
