@@ -2,8 +2,8 @@
 
 Caches are per layer, logically [N, block_size, H_kv, D] (any strides; PagedKVCache stores them
 head-major, and MLA's value cache is a slice of its key cache). Decode attends a whole batch at once:
-one index_select per cache gathers every sequence's blocks, then two batched matmuls with a length
-mask, so there is no Python loop per sequence.
+one index_select per cache gathers every sequence's blocks, then one fused attention call with a
+length mask, so there is no Python loop per sequence.
 """
 
 from __future__ import annotations
@@ -41,15 +41,16 @@ def _gather_heads(cache: torch.Tensor, flat_blocks: torch.Tensor, batch: int,
 
 
 def decode_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
-                window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                window: int | None = None, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """What every layer's decode attention shares in one step: the flat block ids to gather
-    [B*M] and the mask of key slots each sequence must not see [B, M*block_size]."""
+    [B*M] and the additive mask [B, 1, 1, M*block_size] (-inf on key slots a sequence must not see)."""
     num_cols = (int(seq_lens.max()) + block_size - 1) // block_size
     key_pos = torch.arange(num_cols * block_size, device=seq_lens.device)
     hidden = key_pos[None, :] >= seq_lens[:, None]  # [B, S]
     if window is not None:
         hidden |= key_pos[None, :] <= (seq_lens[:, None] - 1 - window)
-    return block_tables[:, :num_cols].reshape(-1), hidden
+    bias = torch.zeros(hidden.shape, dtype=dtype, device=seq_lens.device).masked_fill_(hidden, float("-inf"))
+    return block_tables[:, :num_cols].reshape(-1), bias[:, None, None, :]
 
 
 def _is_prefix_slice(v_cache: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -73,19 +74,17 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     kv_heads = k_cache.shape[2]
     if batch == 0:
         return q.new_empty(0, heads, v_cache.shape[-1])
-    flat, hidden = plan or decode_plan(block_tables, seq_lens, k_cache.shape[1], window)
+    flat, bias = plan or decode_plan(block_tables, seq_lens, k_cache.shape[1], window, q.dtype)
     k_scratch, v_scratch = scratch or (None, None)
-    k = _gather_heads(k_cache, flat, batch, k_scratch)  # [Hkv, B, S, D]
+    k = _gather_heads(k_cache, flat, batch, k_scratch).transpose(0, 1)  # [B, Hkv, S, D]
     if _is_prefix_slice(v_cache, k_cache):  # MLA: values are the latent part of the gathered keys
         v = k[..., : v_cache.shape[-1]]
     else:
-        v = _gather_heads(v_cache, flat, batch, v_scratch)  # [Hkv, B, S, Dv]
-    # heads sharing a KV head are extra query rows of one matmul, so GQA never repeats K/V
-    qh = q.view(batch, kv_heads, heads // kv_heads, dim).transpose(0, 1)  # [Hkv, B, G, D]
-    scores = torch.matmul(qh, k.transpose(-1, -2)).mul_(scale)  # [Hkv, B, G, S]
-    scores.masked_fill_(hidden[None, :, None, :], float("-inf"))
-    out = torch.matmul(scores.softmax(-1), v)  # [Hkv, B, G, Dv]
-    return out.transpose(0, 1).reshape(batch, heads, v.shape[-1])
+        v = _gather_heads(v_cache, flat, batch, v_scratch).transpose(0, 1)  # [B, Hkv, S, Dv]
+    # heads sharing a KV head are extra query rows of one fused attention call: no K/V repeat
+    qg = q.view(batch, kv_heads, heads // kv_heads, dim)  # [B, Hkv, G, D]
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=bias, scale=scale)  # [B, Hkv, G, Dv]
+    return out.reshape(batch, heads, v.shape[-1])
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int,

@@ -15,13 +15,14 @@ from ferry.model.layers import fuse_linears
 from ferry.model.rope import apply_rotary
 
 
-def decode_plan_for(meta: AttentionMetadata, block_size: int, window: int | None):
+def decode_plan_for(meta: AttentionMetadata, block_size: int, window: int | None, dtype: torch.dtype):
     """The decoding rows' gather plan, built by the first layer of the step and reused by the rest."""
     if not meta.decode_token_rows.numel():
         return None
-    key = ("decode_plan", window)
+    key = ("decode_plan", window, dtype)
     if key not in meta.step_cache:
-        meta.step_cache[key] = decode_plan(meta.decode_block_tables, meta.decode_seq_lens, block_size, window)
+        meta.step_cache[key] = decode_plan(meta.decode_block_tables, meta.decode_seq_lens, block_size, window,
+                                           dtype)
     return meta.step_cache[key]
 
 
@@ -64,7 +65,7 @@ class GQAttention(nn.Module):
                          meta: AttentionMetadata) -> torch.Tensor:
         """CPU: decoding rows in one batched call, prefilling sequences one by one -> [T, H, D]."""
         k_cache, v_cache = kv.layer(self.layer, 0), kv.layer(self.layer, 1)
-        plan = decode_plan_for(meta, kv.block_size, self.window)
+        plan = decode_plan_for(meta, kv.block_size, self.window, q.dtype)
         gathered = 0 if plan is None else plan[0].numel() * kv.block_size * self.num_kv_heads * self.head_dim
         scratch = kv.decode_scratch(gathered) if gathered else None
         if not meta.prefill_rows:  # a pure decode step: rows are already in sequence order

@@ -96,7 +96,7 @@ class MLAttention(nn.Module):
         else:
             out_latent = paged_decode_attention(q_latent, cache, cache[..., : self.rank],
                                                 meta.decode_block_tables, meta.decode_seq_lens, self.scale,
-                                                plan=decode_plan_for(meta, cache.shape[1], None))
+                                                plan=decode_plan_for(meta, cache.shape[1], None, q_latent.dtype))
         return torch.einsum("bhc,hvc->bhv", out_latent, w_uv)  # [B, H, Dv]
 
     @staticmethod
