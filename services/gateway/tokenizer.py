@@ -28,7 +28,7 @@ class ModelInfo:
 
 def load_model_info(model_dir: str) -> ModelInfo:
     # Imported here: the model package pulls in torch, which `--help` and tests of the schemas skip.
-    from ferry.model.loader import read_config
+    from ferry.model.config import read_config
     from ferry.model.tokenizer import Tokenizer as ModelTokenizer
 
     config = read_config(model_dir)

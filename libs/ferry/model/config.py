@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 # HF `architectures[0]` -> our short family name.
@@ -201,3 +202,14 @@ def _ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
     return tuple(value) if isinstance(value, list) else (int(value),)
+
+
+def read_config(path: str | Path) -> ModelConfig:
+    """The ModelConfig of a checkpoint folder, without torch (the gateway needs only this)."""
+    file = Path(path) / "config.json"
+    if not file.exists():
+        raise FileNotFoundError(f"{file}: missing")
+    try:
+        return config_from_hf(json.loads(file.read_text()))
+    except ValueError as exc:
+        raise ValueError(f"{file}: {exc}") from None

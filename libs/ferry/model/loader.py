@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ferry.model.causal_lm import CausalLM, make_rotary
-from ferry.model.config import ModelConfig, config_from_hf
+from ferry.model.config import ModelConfig, read_config
 from ferry.model.kv_cache import KV_LAYOUT_VERSION
 from ferry.model.tokenizer import Tokenizer
 from ferry.model.weights import load_weights, weights_digest
@@ -38,16 +38,6 @@ class LoadedModel:
     """Architecture, dtype, KV layout version, config hash and weights digest; namespaces KV blocks."""
     path: Path
     """The checkpoint folder."""
-
-
-def read_config(path: str | Path) -> ModelConfig:
-    file = Path(path) / "config.json"
-    if not file.exists():
-        raise FileNotFoundError(f"{file}: missing")
-    try:
-        return config_from_hf(json.loads(file.read_text()))
-    except ValueError as exc:
-        raise ValueError(f"{file}: {exc}") from None
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu",
