@@ -55,8 +55,10 @@ class Child:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, help="checkpoint folder; without it a tiny random demo model")
-    parser.add_argument("--prefill-workers", type=int, default=1, metavar="N")
-    parser.add_argument("--decode-workers", type=int, default=1, metavar="M")
+    parser.add_argument("--prefill-workers", type=int, default=1, metavar="N",
+                        help="prefill worker processes (default 1)")
+    parser.add_argument("--decode-workers", type=int, default=1, metavar="M",
+                        help="decode worker processes (default 1)")
     parser.add_argument("--host", default="127.0.0.1", help="gateway HTTP host")
     parser.add_argument("--port", type=int, default=8000, help="gateway HTTP port")
     parser.add_argument("--nats-url", default=os.environ.get("NATS_URL", ""),
