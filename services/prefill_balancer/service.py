@@ -15,7 +15,17 @@ from nats.aio.client import Client
 
 from ferry.bus import Service, connect, ensure_work_stream, run_service
 from ferry.metrics import start_metrics_server
-from ferry.protocol import PrefillWork, ProtocolError, SubmitReply, SubmitRequest, decode, subjects
+from ferry.protocol import (
+    KvEvent,
+    PrefillWork,
+    ProtocolError,
+    SubmitReply,
+    SubmitRequest,
+    decode,
+    hash_full_blocks,
+    subjects,
+)
+from ferry_services.prefill_balancer.prefix_index import PrefixIndex
 from ferry_services.prefill_balancer.policy import PrefillChoice, PrefillPolicyConfig, choose_prefill_worker
 from ferry_services.prefill_balancer.runtime import BalancerRuntime
 from ferry_services.prefill_balancer.settings import PrefillBalancerSettings
@@ -36,32 +46,56 @@ class PrefillBalancer:
         self.service = Service("prefill-balancer", description="places requests on prefill workers")
         self.service.endpoint(subjects.SUBMIT, SubmitRequest, self.submit, queue=subjects.SUBMIT_QUEUE)
         self.mean_prompt_tokens = 0.0
+        self.prefixes = PrefixIndex()
         self.nc = nc
 
     async def start(self) -> None:
-        await self.runtime.start(self.reroute)
+        await self.start_inputs()
         await self.service.start(self.nc)
+
+    async def start_inputs(self) -> None:
+        """Load reports (the runtime) and pool/store changes (the prefix index)."""
+        await self.runtime.start(self.reroute)
+        await self.nc.subscribe(subjects.KV_EVENTS, cb=self._on_kv_event)
+
+    async def _on_kv_event(self, msg) -> None:
+        try:
+            event = decode(msg.data, KvEvent)
+        except ProtocolError as exc:
+            log.warning("unreadable KV event: %s", exc)
+            return
+        self.prefixes.apply(event.kind, event.kv_namespace, event.where, event.block_hashes)
 
     async def stop(self) -> None:
         await self.service.stop()
         await self.runtime.stop()
 
-    def choose(self, num_tokens: int, model: str) -> PrefillChoice:
+    def choose(self, token_ids: list[int], model: str) -> PrefillChoice:
         states = self.runtime.view.routable(time.monotonic(), model)
-        choice = choose_prefill_worker(states, num_tokens, self.config, mean_prompt_tokens=self.mean_prompt_tokens)
+        block_size = states[0].report.block_size if states else 1  # one block size per deployment
+        hashes = hash_full_blocks(token_ids, block_size)[: (len(token_ids) - 1) // block_size] if states else []
+        cached = self.prefixes.cached_tokens({s.worker_id: s.report.kv_namespace for s in states}, hashes,
+                                             block_size)
+        choice = choose_prefill_worker(states, len(token_ids), self.config, cached,
+                                       mean_prompt_tokens=self.mean_prompt_tokens)
         if choice.worker_id is not None:
             self.runtime.view.note_routed(choice.worker_id, tokens=choice.cost.tokens,
                                           attention=choice.cost.attention)
+            chosen = next(s for s in states if s.worker_id == choice.worker_id)
+            # it will hold these blocks in a moment: the next same-prefix request sees them there
+            self.prefixes.apply("stored", chosen.report.kv_namespace, chosen.worker_id, hashes)
         return choice
 
     async def submit(self, submit: SubmitRequest) -> SubmitReply:
         request = submit.request
         num_tokens = len(request.all_token_ids)
         self.mean_prompt_tokens += PROMPT_EMA * (num_tokens - self.mean_prompt_tokens)
-        choice = self.choose(num_tokens, request.model)
+        choice = self.choose(request.all_token_ids, request.model)
         if choice.worker_id is None:
             return SubmitReply(request.request_id, False, reason=choice.reason, retry_after_s=choice.retry_after_s)
-        work = PrefillWork(request, routed_at=time.time(), num_cached_blocks_hint=0)
+        block_size = self.runtime.view.workers[choice.worker_id].report.block_size
+        work = PrefillWork(request, routed_at=time.time(),
+                           num_cached_blocks_hint=choice.num_cached_tokens // block_size)
         await self.runtime.publish_work(choice.worker_id, work)
         return SubmitReply(request.request_id, True, worker_id=choice.worker_id)
 
@@ -72,7 +106,7 @@ class PrefillBalancer:
         except ProtocolError as exc:
             log.error("dropping an unreadable message from a silent worker's queue: %s", exc)
             return True
-        choice = self.choose(len(work.request.all_token_ids), work.request.model)
+        choice = self.choose(work.request.all_token_ids, work.request.model)
         if choice.worker_id is None:
             return False
         work.routed_at = time.time()
@@ -86,6 +120,6 @@ async def serve(settings: PrefillBalancerSettings) -> int:
     nc = await connect(settings.nats_url, "prefill-balancer")
     await ensure_work_stream(nc.jetstream())
     balancer = PrefillBalancer(nc, settings)
-    await balancer.runtime.start(balancer.reroute)
+    await balancer.start_inputs()
     start_metrics_server(settings.metrics_port)
     return await run_service(nc, balancer.service, on_shutdown=balancer.runtime.stop)

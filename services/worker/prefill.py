@@ -20,7 +20,18 @@ from nats.errors import TimeoutError as NatsTimeout
 from ferry import metrics
 from ferry.bus import WorkItem
 from ferry.kvstore import KvStoreError
-from ferry.protocol import Handoff, HandoffReply, PrefillWork, ProtocolError, decode, encode, subjects
+from ferry.kvstore.index import MAX_HASHES_PER_EVENT
+from ferry.protocol import (
+    Handoff,
+    HandoffReply,
+    KvEvent,
+    PrefillWork,
+    ProtocolError,
+    decode,
+    encode,
+    hash_full_blocks,
+    subjects,
+)
 from ferry_services.worker.base import Worker
 from ferry_services.worker.events import handoff_blocks
 
@@ -38,6 +49,9 @@ class PrefillWorker(Worker):
         super().__init__(*args, **kwargs)
         self.num_handoffs = 0
         self.num_kv_store_failures = 0
+        self.num_prefix_blocks_reused = 0
+        """Leading prompt blocks fetched from the store instead of computed."""
+        self.num_prefix_fetch_failures = 0
 
     def pull_budget(self) -> int:
         if self.compute.stats.num_queued_prefill_tokens >= self.settings.max_batch_tokens:
@@ -56,8 +70,11 @@ class PrefillWorker(Worker):
         self.hold(request, item)
         metrics.PREFIX_CACHE_QUERIES.labels(self.role).inc(len(request.all_token_ids))
         try:
-            await self.compute.call(self.engine.add_request, request.request_id, request.prompt_token_ids,
-                                    request.sampling, request.output_token_ids, request.arrival_time or None)
+            prefix = await self.fetch_prefix(request)
+            admitted = prefix is not None and await self.compute.call(self._admit_with_prefix, request, *prefix)
+            if not admitted:
+                await self.compute.call(self.engine.add_request, request.request_id, request.prompt_token_ids,
+                                        request.sampling, request.output_token_ids, request.arrival_time or None)
         except ValueError as exc:  # does not fit this model: the client's fault, not retryable
             await self.publish_error(request, "bad_request", str(exc), retryable=False)
             self.forget(request.request_id)
@@ -65,10 +82,47 @@ class PrefillWorker(Worker):
             return
         self.has_work.set()
 
+    async def fetch_prefix(self, request) -> tuple | None:
+        """(kv_data, num_tokens) of the prompt's leading full blocks from the store, when the store
+        holds more of them than this worker's own pool; None to compute (or hit locally) instead."""
+        block_size = self.settings.block_size
+        tokens = request.all_token_ids
+        hashes = hash_full_blocks(tokens, block_size)[: (len(tokens) - 1) // block_size]  # >= 1 token left
+        if not hashes:
+            return None
+        # Read off the engine thread on purpose (no wait behind a step): only dict/list lookups, and a
+        # stale count merely picks the other correct path (the pool's blocks are matched again at admission).
+        num_local = self.engine.num_cached_blocks(hashes)
+        if num_local == len(hashes):
+            return None
+        try:
+            num_stored = await self.store.lookup(hashes)
+            if num_stored <= num_local:
+                return None
+            data = await self.store.get_blocks(hashes[:num_stored])
+        except KvStoreError as exc:
+            self.num_prefix_fetch_failures += 1
+            log.warning("prefix of %s not fetched (%s): computing it", request.request_id, exc)
+            return None
+        if data is None:  # evicted or corrupt since the lookup
+            self.num_prefix_fetch_failures += 1
+            return None
+        return data, num_stored * block_size
+
+    def _admit_with_prefix(self, request, kv_data, num_kv_tokens: int) -> bool:
+        """Runs on the engine thread: join with the fetched prefix; False when there is no room now."""
+        if not self.engine.can_admit(len(request.all_token_ids)):
+            return False
+        self.engine.add_prefilled(request.request_id, request.prompt_token_ids, request.output_token_ids,
+                                  request.sampling, kv_data, num_kv_tokens, count_as_cached=True)
+        self.num_prefix_blocks_reused += kv_data.shape[0]
+        return True
+
     async def after_step(self, outputs: list) -> None:
         await self.publish_outputs(outputs)  # first tokens go out before any KV is copied: TTFT
         pinned = [o for o in outputs if o.finish_reason is None and o.request_id in self.requests]
-        prefilled = await self.compute.call(self._take_prefilled, [o.request_id for o in pinned])
+        prefilled, pool_changes = await self.compute.call(self._take_prefilled, [o.request_id for o in pinned])
+        await self.publish_pool_changes(*pool_changes)
         for out in outputs:
             if out.finish_reason is not None:  # done at its first token (max_tokens=1, EOS)
                 self.forget(out.request_id)
@@ -76,15 +130,25 @@ class PrefillWorker(Worker):
             elif out.request_id in prefilled and out.request_id in self.requests:
                 self.spawn(self.hand_off(out.request_id, out.new_token_ids, prefilled[out.request_id]))
 
-    def _take_prefilled(self, request_ids: list[str]) -> dict:
-        """Runs on the engine thread: each sequence's KV as a CPU copy; its blocks are freed."""
+    def _take_prefilled(self, request_ids: list[str]) -> tuple[dict, tuple[list[bytes], list[bytes]]]:
+        """Runs on the engine thread: each sequence's KV as a CPU copy (its blocks are freed), and
+        the pool's prefix-cache changes since the last step."""
         taken = {}
         for request_id in request_ids:
             try:
                 taken[request_id] = self.engine.take_prefilled(request_id)
             except KeyError:  # aborted (cancel, newer attempt) since the step
                 continue
-        return taken
+        return taken, self.engine.drain_kv_events()
+
+    async def publish_pool_changes(self, stored: list[bytes], removed: list[bytes]) -> None:
+        """KvEvents (where=<this worker>) for the prefill-balancer's cache-aware routing."""
+        now = time.time()
+        for kind, hashes in (("removed", removed), ("stored", stored)):
+            for start in range(0, len(hashes), MAX_HASHES_PER_EVENT):
+                event = KvEvent(kind=kind, kv_namespace=self.namespace, where=self.worker_id,
+                                block_hashes=hashes[start : start + MAX_HASHES_PER_EVENT], timestamp=now)
+                await self.nc.publish(subjects.KV_EVENTS, encode(event))
 
     async def hand_off(self, request_id: str, new_token_ids: list[int], kv) -> None:
         request = self.requests[request_id]

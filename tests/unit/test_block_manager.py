@@ -148,3 +148,24 @@ def test_disabled_prefix_caching_never_matches():
     finish_prefill(bm, a)
     assert bm.match_prefix(make_seq(range(9), "b")).block_ids == []
     assert bm.drain_events() == ([], [])
+
+
+def test_events_are_net_changes_and_stay_bounded_when_nobody_drains():
+    """A decode-only engine never drains: churning many prompts through a small pool must not grow
+    the event state, and a later drain reports only what is cached now."""
+    bm = BlockManager(4, BS)
+    for i in range(200):
+        seq = make_seq(range(i * 8, i * 8 + 8), f"s{i}")
+        admit(bm, seq)
+        finish_prefill(bm, seq)
+        bm.free(seq)
+    assert len(bm._pending) <= 4 and not bm._announced
+    stored, removed = bm.drain_events()
+    assert set(stored) == set(hash_full_blocks(list(range(199 * 8, 200 * 8)), BS)) | set(
+        hash_full_blocks(list(range(198 * 8, 199 * 8)), BS))
+    assert removed == []
+    # once announced, an eviction is reported as removed
+    seq = make_seq(range(10_000, 10_016), "big")
+    admit(bm, seq)
+    _, removed = bm.drain_events()
+    assert set(removed) == set(stored)

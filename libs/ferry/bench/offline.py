@@ -16,7 +16,7 @@ import json
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -28,7 +28,13 @@ from ferry.engine.llm_engine import LLMEngine
 from ferry.model import LoadedModel, load_model
 from ferry.protocol import SamplingParams
 
-SYSTEMS = ("dynamic", "static", "transformers")
+SYSTEMS = ("dynamic", "static", "static_padded", "transformers")
+LABELS = {"dynamic": "dynamic", "static": "static (compacting)", "static_padded": "static (padded)",
+          "transformers": "transformers"}
+"""'static' drops a finished sequence from compute at once (only live sequences cost); 'static_padded'
+is classic static batching (FasterTransformer-era servers, HF generate): a finished slot keeps
+decoding (its tokens are thrown away) until the batch's longest member is done. Both run in the
+same engine; padded only changes how many tokens the finished slots are made to generate."""
 
 
 @dataclass(slots=True)
@@ -106,11 +112,16 @@ def side_by_side(systems: dict[str, Turns], total: int, progress: bool) -> dict[
 
 def engine_turns(lm: LoadedModel, config: EngineConfig, requests: list[WorkloadRequest],
                  arrivals: list[float], name: str) -> Turns:
-    """The engine as a system: requests join when its clock passes their arrival time."""
+    """The engine as a system: requests join when its clock passes their arrival time. For
+    static_padded every request generates as many tokens as its batch's longest member (the padded
+    slots' real cost); it is measured and reported on its own wanted tokens only."""
+    wanted = {r.index: r.max_tokens for r in requests}
+    if name == "static_padded":
+        requests = padded_requests(requests, arrivals, config)
     engine = LLMEngine(lm, config)
     _warm_up(engine)
     before = engine.stats()
-    result = RunResult(name, _rate(arrivals), output_tokens=sum(r.max_tokens for r in requests))
+    result = RunResult(name, _rate(arrivals), output_tokens=sum(wanted.values()))
     order = sorted(range(len(requests)), key=lambda i: arrivals[i])
     first_s: dict[int, float] = {}
     clock, nxt = 0.0, 0
@@ -124,19 +135,38 @@ def engine_turns(lm: LoadedModel, config: EngineConfig, requests: list[WorkloadR
             nxt += 1
         outputs = engine.step()
         clock += time.perf_counter() - started
-        yield _record(outputs, clock, arrivals, first_s, result)
+        yield _record(outputs, clock, arrivals, first_s, result, wanted)
     result.busy_s = clock
     result.engine_stats = _engine_stats(before, engine.stats(), requests)
     return result
 
 
-def _record(outputs, clock: float, arrivals: list[float], first_s: dict[int, float], result: RunResult) -> int:
+def padded_requests(requests: list[WorkloadRequest], arrivals: list[float],
+                    config: EngineConfig) -> list[WorkloadRequest]:
+    """Each request made to generate its static batch's longest output. The static scheduler admits
+    the waiting queue in order, max_num_seqs at a time, once the previous batch is done; that is
+    these groups only when everything arrives at once and a whole batch fits the KV pool."""
+    if any(a != 0 for a in arrivals):
+        raise ValueError("static_padded: needs every request to arrive at once (offline)")
+    size, out = config.max_num_seqs, []
+    for start in range(0, len(requests), size):
+        group = requests[start : start + size]
+        longest = max(r.max_tokens for r in group)
+        blocks = sum(-(-(len(r.prompt_token_ids) + longest) // config.block_size) for r in group)
+        if blocks > (config.num_kv_blocks or 0):
+            raise ValueError(f"static_padded: batch at {start} needs {blocks} KV blocks > num_kv_blocks")
+        out += [replace(r, max_tokens=longest) for r in group]
+    return out
+
+
+def _record(outputs, clock: float, arrivals: list[float], first_s: dict[int, float], result: RunResult,
+            wanted: dict[int, int]) -> int:
     finished = 0
     for out in outputs:
         i = int(out.request_id)
         first_s.setdefault(i, clock)
         if out.finish_reason is not None:
-            num_out = out.index + len(out.new_token_ids)
+            num_out = min(out.index + len(out.new_token_ids), wanted[i])  # padded tokens are not output
             result.ttft_s.append(first_s[i] - arrivals[i])
             result.e2e_s.append(clock - arrivals[i])
             if num_out > 1:
@@ -241,7 +271,8 @@ def run_offline(cfg: OfflineConfig) -> dict:
 
 def _engine_config(cfg: OfflineConfig, system: str) -> EngineConfig:
     return EngineConfig(num_kv_blocks=cfg.num_kv_blocks, max_num_seqs=cfg.max_num_seqs,
-                        max_num_batched_tokens=cfg.max_num_batched_tokens, batching=system)
+                        max_num_batched_tokens=cfg.max_num_batched_tokens,
+                        batching="static" if system == "static_padded" else system)
 
 
 def _run_online(cfg: OfflineConfig, lm: LoadedModel, static: RunResult | None) -> list[tuple[float, dict]]:
@@ -264,7 +295,7 @@ def _report(cfg: OfflineConfig, lm: LoadedModel, results: dict[str, RunResult], 
     offline = {name: r.summary() for name, r in results.items()}
     ratios = {}
     dyn = offline.get("dynamic")
-    for other in ("static", "transformers"):
+    for other in ("static", "static_padded", "transformers"):
         if dyn and other in offline:
             ratios[f"dynamic_vs_{other}_output_tokens_per_s"] = (
                 dyn["output_tokens_per_s"] / offline[other]["output_tokens_per_s"])
@@ -284,7 +315,7 @@ def _report(cfg: OfflineConfig, lm: LoadedModel, results: dict[str, RunResult], 
             summary["model_flops_utilization"] = delivered / peak
     return {"kind": "offline", "model": str(cfg.model), "model_fingerprint": lm.fingerprint,
             "threads": cfg.threads, "config": {**asdict(cfg), "model": str(cfg.model), "out_dir": str(cfg.out_dir)},
-            "machine_matmul_gflops": peak, "ratios": ratios, "offline": offline, "online": online_rows}
+            "machine_matmul_gflops": peak, "labels": LABELS, "ratios": ratios, "offline": offline, "online": online_rows}
 
 
 def _plots(out_dir: Path, results: dict[str, RunResult], online: list) -> list[str]:
@@ -296,7 +327,7 @@ def _plots(out_dir: Path, results: dict[str, RunResult], online: list) -> list[s
     names = []
     fig, ax = plt.subplots(figsize=(6, 4))
     systems = list(results)
-    ax.bar(systems, [r.output_tokens / r.busy_s for r in results.values()], color="tab:blue")
+    ax.bar([LABELS[s] for s in systems], [r.output_tokens / r.busy_s for r in results.values()], color="tab:blue")
     ax.set_ylabel("output tokens/s")
     ax.set_title("Offline throughput (all requests at once)")
     fig.tight_layout()

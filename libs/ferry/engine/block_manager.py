@@ -38,8 +38,11 @@ class BlockManager:
         self._hash_to_block: dict[bytes, int] = {}
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         """Blocks nobody holds; the front is evicted first."""
-        self._stored: list[bytes] = []
-        self._removed: list[bytes] = []
+        self._pending: dict[bytes, bool] = {}
+        """Net pool changes since the last drain: hash -> True stored / False removed."""
+        self._announced: set[bytes] = set()
+        """Hashes the last drains reported as stored. With `_pending` this keeps the event state
+        under 2 x num_blocks entries even when nobody drains (a decode-only engine)."""
         self.num_hit_tokens = 0
         """Tokens served from the prefix cache at admissions, since start."""
 
@@ -67,11 +70,37 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def num_leading_cached(self, block_hashes: list[bytes]) -> int:
+        """Leading hashes whose blocks are computed here (held or free)."""
+        if not self.enable_prefix_caching:
+            return 0
+        for i, block_hash in enumerate(block_hashes):
+            block_id = self._hash_to_block.get(block_hash)
+            if block_id is None or not self._is_computed[block_id]:
+                return i
+        return len(block_hashes)
+
     def drain_events(self) -> tuple[list[bytes], list[bytes]]:
-        """(stored, removed) hashes of computed cached blocks since the last call."""
-        stored, removed = self._stored, self._removed
-        self._stored, self._removed = [], []
+        """(stored, removed) hashes of computed cached blocks since the last call, as a net change:
+        a block stored and evicted between two calls is never reported."""
+        stored = [h for h, is_stored in self._pending.items() if is_stored]
+        removed = [h for h, is_stored in self._pending.items() if not is_stored]
+        self._pending.clear()
+        self._announced.update(stored)
+        self._announced.difference_update(removed)
         return stored, removed
+
+    def _note_stored(self, block_hash: bytes) -> None:
+        if block_hash in self._announced:
+            self._pending.pop(block_hash, None)  # back to what the consumer already knows
+        else:
+            self._pending[block_hash] = True
+
+    def _note_removed(self, block_hash: bytes) -> None:
+        if block_hash in self._announced:
+            self._pending[block_hash] = False
+        else:
+            self._pending.pop(block_hash, None)  # the consumer never heard of it
 
     # ---- admission -----------------------------------------------------------------------
     def match_prefix(self, seq: Sequence) -> PrefixMatch:
@@ -133,7 +162,7 @@ class BlockManager:
             if self.enable_prefix_caching:
                 self._name(block_id, seq.block_hashes[i])
                 if self._hashes[block_id] is not None:
-                    self._stored.append(seq.block_hashes[i])
+                    self._note_stored(seq.block_hashes[i])
         seq.num_committed_blocks = num_full
 
     def free(self, seq: Sequence) -> None:
@@ -170,7 +199,7 @@ class BlockManager:
         block_hash = self._hashes[block_id]
         if block_hash is not None:
             del self._hash_to_block[block_hash]
-            self._removed.append(block_hash)
+            self._note_removed(block_hash)
             self._hashes[block_id] = None
         self._is_computed[block_id] = False
         self._ref_counts[block_id] = 1

@@ -125,8 +125,12 @@ class LLMEngine:
                 and self.block_manager.blocks_for(num_tokens + 1) <= self.block_manager.num_free_blocks)
 
     def add_prefilled(self, request_id: str, prompt_token_ids: list[int], output_token_ids: list[int],
-                      sampling: SamplingParams, kv_data: torch.Tensor, num_kv_tokens: int) -> None:
-        """Join a sequence whose first num_kv_tokens tokens' KV is kv_data [n, *block_shape]."""
+                      sampling: SamplingParams, kv_data: torch.Tensor, num_kv_tokens: int,
+                      count_as_cached: bool = False) -> None:
+        """Join a sequence whose first num_kv_tokens tokens' KV is kv_data [n, *block_shape].
+
+        count_as_cached: the KV is a reused prefix (from the store), not this request's own
+        hand-off, so it counts in num_cached_tokens like a local prefix-cache hit."""
         state = self._new_state(request_id, prompt_token_ids, output_token_ids, sampling, None)
         seq = state.seq
         num_kv_blocks = self.block_manager.blocks_for(num_kv_tokens)
@@ -138,9 +142,16 @@ class LLMEngine:
             raise RuntimeError(f"{request_id}: no room for {seq.num_tokens} tokens (check can_admit first)")
         self.runner.kv.write_blocks(seq.block_ids[:num_kv_blocks], kv_data)
         seq.num_computed_tokens = num_kv_tokens
-        self.block_manager.commit(seq)
+        if count_as_cached:
+            seq.num_cached_tokens = num_kv_tokens
+            self.block_manager.num_hit_tokens += num_kv_tokens
+        self.block_manager.commit(seq)  # full blocks join the prefix cache: later local requests hit
         self._requests[request_id] = state
         self.scheduler.add_running(seq)
+
+    def num_cached_blocks(self, block_hashes: list[bytes]) -> int:
+        """How many leading blocks of this chained-hash list are computed in the pool now."""
+        return self.block_manager.num_leading_cached(block_hashes)
 
     def drain_kv_events(self) -> tuple[list[bytes], list[bytes]]:
         return self.block_manager.drain_events()

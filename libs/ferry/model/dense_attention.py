@@ -66,7 +66,8 @@ class GQAttention(nn.Module):
         """CPU: decoding rows in one batched call, prefilling sequences one by one -> [T, H, D]."""
         k_cache, v_cache = kv.layer(self.layer, 0), kv.layer(self.layer, 1)
         plan = decode_plan_for(meta, kv.block_size, self.window, q.dtype)
-        gathered = 0 if plan is None else plan[0].numel() * kv.block_size * self.num_kv_heads * self.head_dim
+        most_blocks = max((b.flat_blocks.numel() for b in plan), default=0) if plan else 0
+        gathered = most_blocks * kv.block_size * self.num_kv_heads * self.head_dim
         scratch = kv.decode_scratch(gathered) if gathered else None
         if not meta.prefill_rows:  # a pure decode step: rows are already in sequence order
             return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
