@@ -2,8 +2,9 @@
 2 decode workers), greedy streams running through both decode workers, then one decode worker is
 SIGSTOPped for a few seconds (frozen: no tokens, no load reports, its sockets stay open) and
 SIGCONTed. Shown: the streams on the other worker keep their small inter-token gaps while it is
-frozen; the frozen worker's streams complete (the gateway migrates them once its load reports stop,
-see docs/internals.md "Migration"), with the same text as a fault-free run: no lost or duplicated token.
+frozen; the frozen worker's streams complete with the same text as a fault-free run (no lost or
+duplicated token): after a long freeze the gateway has migrated them (its load reports stopped, see
+docs/internals.md "Migration"), after a short one they resume on the same worker once SIGCONTed.
 
 Loopback only; every wait bounded. Prints a row in test_faults.py's table format.
 """
