@@ -123,10 +123,13 @@ class Outcome:
     finish_reason: str | None = None
     error: str = ""
     num_chunks: int = 0
+    arrivals: list[float] = field(default_factory=list)
+    """time.monotonic() of every chunk with text."""
 
 
-async def stream_one(client: httpx.AsyncClient, model: str, prompt: str, outcome: Outcome) -> None:
-    body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
+async def stream_one(client: httpx.AsyncClient, model: str, prompt: str, outcome: Outcome,
+                     max_tokens: int = MAX_TOKENS) -> None:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     try:
         async with client.stream("POST", "/v1/completions", json=body) as response:
@@ -145,6 +148,7 @@ async def stream_one(client: httpx.AsyncClient, model: str, prompt: str, outcome
                 for choice in chunk.get("choices", []):
                     outcome.text += choice.get("text", "")
                     outcome.num_chunks += 1
+                    outcome.arrivals.append(time.monotonic())
                     outcome.finish_reason = choice.get("finish_reason") or outcome.finish_reason
     except (httpx.HTTPError, asyncio.TimeoutError) as exc:
         outcome.error = repr(exc)

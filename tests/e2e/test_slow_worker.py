@@ -12,18 +12,17 @@ Loopback only; every wait bounded. Prints a row in test_faults.py's table format
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
 from system_launch import RunningSystem, pid_alive, start_system
-from test_faults import HEADER, Row
+from test_faults import HEADER, Outcome, Row, stream_one
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -60,45 +59,10 @@ def two_decode(e2e_model, nats_url, redis_url, tmp_path_factory):
     assert [n for n, pid in running.pids.items() if pid_alive(pid)] == []
 
 
-@dataclass
-class Stream:
-    text: str = ""
-    num_tokens: int = 0
-    finish_reason: str | None = None
-    error: str = ""
-    num_chunks: int = 0
-    arrivals: list[float] = field(default_factory=list)
-    """time.monotonic() of every chunk with text."""
-
+class Stream(Outcome):
     def gaps_within(self, start: float, end: float) -> list[float]:
         times = [t for t in self.arrivals if start <= t <= end]
         return [b - a for a, b in zip(times, times[1:])]
-
-
-async def stream_one(client: httpx.AsyncClient, model: str, prompt: str, out: Stream) -> None:
-    body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
-    try:
-        async with client.stream("POST", "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                out.error = f"HTTP {response.status_code}: {(await response.aread())[:300]!r}"
-                return
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    out.error = str(chunk["error"])
-                    return
-                if chunk.get("usage"):
-                    out.num_tokens = chunk["usage"]["completion_tokens"]
-                for choice in chunk.get("choices", []):
-                    out.text += choice.get("text", "")
-                    out.num_chunks += 1
-                    out.arrivals.append(time.monotonic())
-                    out.finish_reason = choice.get("finish_reason") or out.finish_reason
-    except (httpx.HTTPError, asyncio.TimeoutError) as exc:
-        out.error = repr(exc)
 
 
 async def run_streams(system: RunningSystem, freeze_pid: int | None = None,
@@ -108,7 +72,7 @@ async def run_streams(system: RunningSystem, freeze_pid: int | None = None,
     streams = [Stream() for _ in PROMPTS]
     stopped_at = resumed_at = 0.0
     async with httpx.AsyncClient(base_url=system.base_url, timeout=STREAM_TIMEOUT_S) as client:
-        tasks = [asyncio.create_task(stream_one(client, system.model_name, p, s)) for p, s in zip(PROMPTS, streams)]
+        tasks = [asyncio.create_task(stream_one(client, system.model_name, p, s, MAX_TOKENS)) for p, s in zip(PROMPTS, streams)]
         if freeze_pid is not None:
             deadline = time.monotonic() + 30
             while min(s.num_chunks for s in streams) < 20 and time.monotonic() < deadline:

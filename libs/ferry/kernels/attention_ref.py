@@ -126,7 +126,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     -> [B, H, Dv].
     """
     batch, heads, dim = q.shape
-    kv_heads = k_cache.shape[2]
     if batch == 0:
         return q.new_empty(0, heads, v_cache.shape[-1])
     plan = plan or decode_plan(block_tables, seq_lens, k_cache.shape[1], window, q.dtype)
