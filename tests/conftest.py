@@ -11,7 +11,6 @@ Servers live for the whole session; connections are fresh per test and start fro
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 from collections.abc import Iterator
 
@@ -108,8 +107,6 @@ async def redis(redis_url):
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """A tiny random-weight Llama checkpoint dir, made once per session by `ferry.model.make_model`."""
-    if importlib.util.find_spec("ferry.model.make_model") is None:
-        pytest.skip("ferry.model.make_model is not in this build yet")
-    from ferry.model import make_model
+    from ferry.model.make_model import make_model
 
-    return make_model.make_model(tmp_path_factory.mktemp("tiny-model"), arch="llama", size="tiny")
+    return make_model(tmp_path_factory.mktemp("tiny-model"), arch="llama", size="tiny")
