@@ -27,6 +27,7 @@ Rerouter = Callable[[bytes], Awaitable[bool]]
 """Moves one queued message to a live worker; False when none can take it now."""
 
 REROUTE_BATCH = 32
+STOP_TIMEOUT_S = 5.0
 
 
 class BalancerRuntime:
@@ -42,15 +43,24 @@ class BalancerRuntime:
         self._draining: set[str] = set()
         """Silent workers whose consumer may still hold messages (redeliveries after ack_wait)."""
         self._tasks: list[asyncio.Task] = []
+        self._stopping = False
 
     async def start(self, rerouter: Rerouter) -> None:
         await self.nc.subscribe(subjects.load_role(self.role), cb=self._on_load)
         self._tasks.append(asyncio.create_task(self._tick_forever(rerouter)))
 
     async def stop(self) -> None:
+        # The flag, not only cancel(): nats-py can turn a cancelled fetch into a TimeoutError, which
+        # the tick loop would log and survive, leaving gather() waiting forever.
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(self._tasks, timeout=STOP_TIMEOUT_S)
+        if pending:
+            log.warning("%s balancer: %d background task(s) did not stop within %.0f s",
+                        self.role, len(pending), STOP_TIMEOUT_S)
 
     async def publish_work(self, worker_id: str, msg: object) -> None:
         """Append to the worker's queue; returns once JetStream has stored it."""
@@ -64,7 +74,7 @@ class BalancerRuntime:
             log.warning("bad load report on %s: %s", msg.subject, exc)
 
     async def _tick_forever(self, rerouter: Rerouter) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.tick_s)
             try:
                 await self.tick(rerouter)
