@@ -35,11 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "the headline 'moderate' rate; empty = skip (default %(default)s)")
     o.add_argument("--online-requests", type=int, default=64)
     o.add_argument("--threads", type=int, default=2, help="torch threads (default %(default)s)")
-    try:
-        from ferry.bench.online import add_url_arguments
-    except ImportError:  # this build has no HTTP bench
-        parser.add_argument("--url", help=argparse.SUPPRESS)
-        return
+    from ferry.bench.online import add_url_arguments
+
     add_url_arguments(parser)  # adds --url and its options
 
 
