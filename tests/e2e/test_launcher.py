@@ -1,5 +1,5 @@
 """`ferry up` on its own: it starts nats-server and redis-server itself when given no URLs, and
-Ctrl-C (SIGINT) stops every process it started, servers included."""
+Ctrl-C (SIGINT) stops every process it started, servers included, the servers last."""
 
 from __future__ import annotations
 
@@ -51,3 +51,7 @@ def test_ctrl_c_stops_every_service_and_the_servers_it_started(e2e_model, tmp_pa
     assert {"nats-server", "redis-server"} <= commands
     assert [p for p in started if pid_alive(p)] == []
     assert "ferry up: stopping" in system.output
+    # the services stop while their servers still run: no service lost its bus or store on the way out
+    for log in tmp_path.glob("*.log"):
+        text = log.read_text()
+        assert "NATS drain failed" not in text and "kvcache DEGRADED" not in text, f"{log.name}: {text[-2000:]}"

@@ -83,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
     children: list[Child] = []
     try:
         with contextlib.ExitStack() as stack:
-            stack.callback(stop_children, children)  # runs before the servers stop
             nats_url, redis_url = _servers(args, stack)
+            stack.callback(stop_children, children)  # LIFO: registered after the servers, so it runs before they stop
             model_dir = _model(args.model, run_dir)
             specs = plan_services(args, model_dir, nats_url, redis_url)
             for spec in specs:  # appended one by one: a signal midway still stops those started
