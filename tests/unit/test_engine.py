@@ -108,6 +108,19 @@ def test_stop_token_and_stop_string(lm):
     assert out[-1].finish_reason == "stop" and stop not in emitted and emitted == text[: text.index(stop)]
 
 
+def test_without_detokenize_the_tokens_and_stops_are_the_same_but_no_text(lm):
+    prompts = random_prompts(4, 5, 30, seed=9)
+    stop_id = tokens(run_all(engine(lm), prompts[:1], SamplingParams(max_tokens=8, temperature=0)))[0][4]
+    samplings = [SamplingParams(max_tokens=8, temperature=0, stop_token_ids=[stop_id])] + [GREEDY] * 3
+    with_text = run_all(engine(lm), prompts, samplings)
+    ids_only = run_all(engine(lm, detokenize=False), prompts, samplings)
+    assert tokens(ids_only) == tokens(with_text)
+    assert [seq[-1].finish_reason for seq in ids_only] == [seq[-1].finish_reason for seq in with_text]
+    assert ids_only[0][-1].finish_reason == "stop" and all(o.text == "" for seq in ids_only for o in seq)
+    with pytest.raises(ValueError, match="sampling.stop"):
+        engine(lm, detokenize=False).add_request("s", prompts[0], SamplingParams(stop=["ab"]))
+
+
 def test_min_tokens_blocks_stop_ids_until_reached(lm):
     prompt = random_prompts(1, 10, 10, seed=8)[0]
     base = tokens(run_all(engine(lm), [prompt], SamplingParams(max_tokens=6, temperature=0)))[0]

@@ -132,6 +132,20 @@ def test_static_batch_admits_only_when_batch_is_done():
     assert [s.request_id for s in step(sched).seqs] == ["r2"]
 
 
+def test_static_admission_reserves_each_members_full_length():
+    # 8 blocks of 4 tokens: prompts of 3 fit many times over, but 3 + max_tokens 9 = 12 tokens = 3 blocks each
+    sched = make_sched(num_blocks=8, max_seqs=4, static=True)
+    dyn = make_sched(num_blocks=8, max_seqs=4)
+    for s in (sched, dyn):
+        for i in range(4):
+            s.add(Sequence(f"r{i}", list(range(100 * i, 100 * i + 3)), 3, SamplingParams(max_tokens=9)))
+    assert [s.request_id for s in step(sched).seqs] == ["r0", "r1"]  # a third would not fit at full length
+    assert len(step(dyn).seqs) == 4  # dynamic allocates as tokens come, preempting if it must
+    for _ in range(8):  # the static batch decodes to its full length without a preemption
+        step(sched)
+    assert sched.num_preemptions == 0 and [s.num_tokens for s in sched.running] == [12, 12]
+
+
 def test_dynamic_refills_a_freed_slot_at_once():
     sched = make_sched(max_seqs=2)
     for i in range(3):

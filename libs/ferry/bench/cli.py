@@ -27,12 +27,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--shared-prefix-len", type=int, default=0, help="tokens every prompt shares (0 = none)")
     w.add_argument("--vocab-size", type=int, help="prompt token ids are < this (default: the model's, else 2048)")
     o = parser.add_argument_group("offline bench (--offline)")
-    o.add_argument("--systems", default="dynamic,static,transformers", help="default %(default)s")
+    o.add_argument("--systems", default="dynamic,static,static_padded,transformers", help="default %(default)s")
     o.add_argument("--max-num-seqs", type=int, default=32, help="batch cap of every system (default %(default)s)")
     o.add_argument("--num-kv-blocks", type=int, default=4096)
     o.add_argument("--rate-fractions", default="0.5,0.8",
-                   help="online Poisson rates as fractions of static batching's offline req/s; the first is "
+                   help="online Poisson rates as fractions of the rate basis's offline req/s; the first is "
                         "the headline 'moderate' rate; empty = skip (default %(default)s)")
+    o.add_argument("--rate-basis", choices=("static", "static_padded"),
+                   help="baseline whose offline capacity sets the online rates (default: static_padded, the "
+                        "classic static server, if it runs, else static)")
+    o.add_argument("--kv-budget-tokens", type=int,
+                   help="add an EQUAL KV MEMORY table: every engine system gets a KV pool of this many tokens "
+                        "(static reserves prompt + max_tokens per member) and --kv-budget-max-num-seqs")
+    o.add_argument("--kv-budget-max-num-seqs", type=int, default=128, help="default %(default)s")
     o.add_argument("--online-requests", type=int, default=64)
     o.add_argument("--threads", type=int, default=2, help="torch threads (default %(default)s)")
     from ferry.bench.online import add_url_arguments
@@ -82,11 +89,14 @@ def _run_offline(args: argparse.Namespace, workload, out: Path) -> int:
                         num_kv_blocks=args.num_kv_blocks, rate_fractions=fractions,
                         systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
                         online_requests=args.online_requests, threads=args.threads,
-                        show_progress=not args.no_progress)
+                        rate_basis=args.rate_basis, kv_budget_tokens=args.kv_budget_tokens,
+                        kv_budget_max_num_seqs=args.kv_budget_max_num_seqs, show_progress=not args.no_progress)
     report = run_offline(cfg)
-    print(json.dumps({"out": str(out), "ratios": report["ratios"],
-                      "output_tokens_per_s": {k: v["output_tokens_per_s"] for k, v in report["offline"].items()}},
-                     indent=2))
+    summary = {"out": str(out), "ratios": report["ratios"],
+               "output_tokens_per_s": {k: v["output_tokens_per_s"] for k, v in report["offline"].items()}}
+    if "equal_kv_memory" in report:
+        summary["equal_kv_memory_ratios"] = report["equal_kv_memory"]["ratios"]
+    print(json.dumps(summary, indent=2))
     return 0
 
 

@@ -118,13 +118,18 @@ class BlockManager:
             hits.append(block_id)
         return PrefixMatch(hits, False)
 
+    def num_blocks_taken(self, seq: Sequence, match: PrefixMatch | None = None) -> int:
+        """Free-list blocks allocate(seq, match) would take: fresh ones plus cached hits nobody holds."""
+        hits = match.block_ids if match else []
+        num_hits_free = sum(1 for b in hits if self._ref_counts[b] == 0)
+        return self.blocks_for(seq.num_tokens) - len(hits) + num_hits_free
+
     def allocate(self, seq: Sequence, match: PrefixMatch | None = None) -> bool:
         """Give `seq` blocks for all its tokens, reusing `match`; False (nothing changed) if short."""
         assert not seq.block_ids, f"{seq.request_id} already holds blocks"
         hits = match.block_ids if match else []
         num_new = self.blocks_for(seq.num_tokens) - len(hits)
-        num_hits_free = sum(1 for b in hits if self._ref_counts[b] == 0)
-        if num_new > len(self._free) - num_hits_free:
+        if self.num_blocks_taken(seq, match) > len(self._free):
             return False
         for block_id in hits:
             if self._ref_counts[block_id] == 0:

@@ -31,6 +31,9 @@ class EngineConfig:
     """Model dtype; None keeps the checkpoint's."""
     seed: int = 0
     """Seed of the engine's generator for requests without their own seed."""
+    detokenize: bool = True
+    """False: outputs carry token ids only (text is ''), saving the per-token incremental decode
+    (benchmarks, token-in/token-out callers); requests with stop strings are then refused."""
 
     def __post_init__(self) -> None:
         _require(self.block_size >= 1, "block_size", self.block_size, "must be >= 1")

@@ -81,7 +81,9 @@ class LLMEngine:
         if not rows:
             return []
         states = [self._requests[batch.seqs[i].request_id] for i in rows]
-        result = sample(logits[rows], [s.sample_request() for s in states], self.generator)
+        if len(rows) < len(batch.seqs):  # some rows are mid-prefill chunks: no token for them yet
+            logits = logits[rows]
+        result = sample(logits, [s.sample_request() for s in states], self.generator)
         outputs = []
         for state, token_id, logprob in zip(states, result.token_ids, result.logprobs):
             outputs.append(state.append(token_id, logprob))
@@ -176,6 +178,8 @@ class LLMEngine:
             raise ValueError(f"request_id={request_id!r}: already in the engine")
         if not prompt_token_ids:
             raise ValueError("prompt_token_ids: must not be empty")
+        if sampling.stop and not self.config.detokenize:
+            raise ValueError("sampling.stop: stop strings need text, and this engine has detokenize=False")
         tokens = list(prompt_token_ids) + list(output_token_ids)
         vocab = self.lm.config.vocab_size
         bad = next((t for t in tokens if not (isinstance(t, int) and 0 <= t < vocab)), None)
@@ -187,7 +191,9 @@ class LLMEngine:
         seq = Sequence(request_id, tokens, len(prompt_token_ids), sampling,
                        arrival_time=time.time() if arrival_time is None else arrival_time,
                        num_prior_output_tokens=len(output_token_ids))
-        state = RequestState(seq, self.lm.tokenizer, self.lm.eos_token_ids, self.max_model_len)
+        tokenizer = self.lm.tokenizer if self.config.detokenize else None
+        state = RequestState(seq, tokenizer, self.lm.eos_token_ids, self.max_model_len)
+        seq.max_num_tokens = state.max_num_tokens
         if state.finished_before_start:
             raise ValueError(f"sampling.max_tokens={sampling.max_tokens}: already reached by output_token_ids")
         if self.block_manager.blocks_for(state.max_num_tokens) > self.block_manager.num_blocks:

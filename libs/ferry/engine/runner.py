@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ferry.engine.scheduler import ScheduledBatch
+from ferry.kernels import fused_decode_enabled
 from ferry.model import AttentionMetadata, LoadedModel
 
 
@@ -14,6 +15,8 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         self.kv = lm.model.make_kv_cache(num_blocks, block_size, device)
+        if torch.device(device).type == "cpu":
+            fused_decode_enabled()  # builds (or loads) the CPU kernel now, not during the first request's step
 
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """-> [B, vocab] float32 logits of each scheduled sequence's last new token."""

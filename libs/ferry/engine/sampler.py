@@ -44,6 +44,8 @@ _SEED_MASK = (1 << 63) - 1
 def sample(logits: torch.Tensor, requests: list[SampleRequest],
            generator: torch.Generator | None = None) -> SampleResult:
     """logits: [B, V] float32, one row per request."""
+    if all(_is_plain_greedy(r) for r in requests):  # the common serving case: one argmax, no copies
+        return SampleResult(logits.argmax(dim=-1).tolist(), [None] * len(requests))
     raw = logits
     logits = logits.float().clone()  # [B, V]
     _apply_penalties(logits, requests)
@@ -55,6 +57,13 @@ def sample(logits: torch.Tensor, requests: list[SampleRequest],
         greedy_ids[random_rows] = picked
     token_ids = greedy_ids.tolist()
     return SampleResult(token_ids, _logprobs(raw, requests, token_ids))
+
+
+def _is_plain_greedy(req: SampleRequest) -> bool:
+    """Greedy with nothing that changes the logits first and no logprobs to compute."""
+    sp = req.sampling
+    return (sp.is_greedy and not req.blocked_token_ids and sp.logprobs is None and sp.repetition_penalty == 1.0
+            and not sp.presence_penalty and not sp.frequency_penalty)
 
 
 def _apply_penalties(logits: torch.Tensor, requests: list[SampleRequest]) -> None:

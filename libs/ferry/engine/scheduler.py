@@ -6,7 +6,8 @@ sequences are admitted first-come-first-served while blocks, the running-sequenc
 budget allow. When the pool runs dry the newest running sequence is preempted (its blocks are
 freed, it goes back to the front of the queue and is recomputed later), so the oldest always
 progresses and nobody starves. Static mode admits a new batch only when the running one is
-done: the baseline that dynamic batching is measured against. No torch.
+done, and only as many members as the pool holds at their full length (prompt + max_tokens):
+the baseline that dynamic batching is measured against. No torch.
 """
 
 from __future__ import annotations
@@ -128,16 +129,24 @@ class Scheduler:
         return used
 
     def _admit(self, batch: ScheduledBatch, budget: int | None) -> None:
-        """Admit waiting sequences in order; with a budget, schedule their first chunk too."""
-        used = 0
+        """Admit waiting sequences in order; with a budget, schedule their first chunk too.
+
+        Static mode reserves each member's whole future (prompt + max_tokens) up front, as a static
+        server must: it cannot preempt, so a batch it admits always runs to completion."""
+        bm, used = self.block_manager, 0
+        reserved = sum(self._growth_blocks(s, len(s.block_ids)) for s in self.running) if self.static_batching else 0
         for seq in list(self.waiting):
             if len(self.running) >= self.max_num_seqs or (budget is not None and used >= budget):
                 return
-            match = self.block_manager.match_prefix(seq)
+            match = bm.match_prefix(seq)
             if match.is_pending:
                 continue  # its prefix is being computed this very step: reuse it next step
-            if not self.block_manager.allocate(seq, match):
+            growth = self._growth_blocks(seq, bm.blocks_for(seq.num_tokens)) if self.static_batching else 0
+            if bm.num_blocks_taken(seq, match) + growth + reserved > bm.num_free_blocks:
                 return  # first come, first served: nobody overtakes a sequence that does not fit
+            allocated = bm.allocate(seq, match)
+            assert allocated, "num_blocks_taken said it fits"
+            reserved += growth
             self.waiting.remove(seq)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
@@ -145,6 +154,10 @@ class Scheduler:
                 num_new = min(seq.num_uncomputed_tokens, budget - used)
                 batch.add(seq, num_new)
                 used += num_new
+
+    def _growth_blocks(self, seq: Sequence, num_held: int) -> int:
+        """Blocks `seq` may still append, holding num_held, before it reaches its token limit."""
+        return max(0, self.block_manager.blocks_for(seq.num_tokens_limit) - num_held)
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         self.running.remove(seq)

@@ -37,6 +37,9 @@ class Sequence:
     finish_reason: str | None = None
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
+    max_num_tokens: int | None = None
+    """Prompt + output never grow past this (the engine caps max_tokens by the model's context);
+    None: prompt + sampling.max_tokens. Static batching reserves KV for this many tokens."""
 
     @property
     def num_tokens(self) -> int:
@@ -58,6 +61,10 @@ class Sequence:
     def is_prefill_done(self) -> bool:
         """Only the last sampled token is missing from the cache: the next step is a decode."""
         return self.num_computed_tokens >= len(self.token_ids) - 1
+
+    @property
+    def num_tokens_limit(self) -> int:
+        return self.max_num_tokens or self.num_prompt_tokens + self.sampling.max_tokens
 
     @property
     def is_finished(self) -> bool:

@@ -1,9 +1,13 @@
-"""Attention ops over the paged KV cache: plain-torch references (CPU) and Triton kernels (GPU).
+"""Attention ops over the paged KV cache: plain-torch references, a fused C++ CPU decode kernel, and
+Triton kernels (GPU).
 
-The model calls the torch path on CPU and the Triton kernels on CUDA tensors. FERRY_ATTENTION=torch
-forces the torch path everywhere; FERRY_ATTENTION=triton forces the kernels (on CPU only together
+The model calls the CPU path on CPU tensors and the Triton kernels on CUDA tensors. FERRY_ATTENTION=torch
+forces the CPU path everywhere; FERRY_ATTENTION=triton forces the kernels (on CPU only together
 with TRITON_INTERPRET=1, which the tests use to run the whole model through them). The Triton
-modules are imported only when used, so CPU runs never compile anything.
+modules are imported only when used. On the CPU path, decode attention runs the fused C++ kernel
+(cpu_decode.py, compiled and cached on first use), and so do prefill chunks of up to CHUNK_MAX_TOKENS
+tokens on a cached context, unless FERRY_CPU_KERNELS=0 or it cannot be built; then the plain-torch
+reference in attention_ref.py runs.
 """
 
 import os
@@ -18,6 +22,12 @@ from ferry.kernels.attention_ref import (
     prefill_attention,
     write_kv,
 )
+from ferry.kernels.cpu_decode import (
+    CHUNK_MAX_TOKENS,
+    fused_chunk_attention,
+    fused_decode_enabled,
+    fused_paged_decode_attention,
+)
 
 
 def use_triton(t: torch.Tensor) -> bool:
@@ -25,4 +35,6 @@ def use_triton(t: torch.Tensor) -> bool:
     return choice == "triton" or (choice == "auto" and t.is_cuda)
 
 
-__all__ = ["causal_mask", "decode_plan", "gather_seq", "paged_decode_attention", "prefill_attention", "use_triton", "write_kv"]
+__all__ = ["CHUNK_MAX_TOKENS", "causal_mask", "decode_plan", "fused_chunk_attention", "fused_decode_enabled",
+           "fused_paged_decode_attention", "gather_seq", "paged_decode_attention", "prefill_attention", "use_triton",
+           "write_kv"]

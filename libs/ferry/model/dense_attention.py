@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ferry.kernels import (decode_plan, gather_seq, paged_decode_attention, prefill_attention, use_triton,
-                           write_kv)
+from ferry.kernels import (CHUNK_MAX_TOKENS, decode_plan, fused_chunk_attention, fused_decode_enabled,
+                           fused_paged_decode_attention, gather_seq, paged_decode_attention, prefill_attention,
+                           use_triton, write_kv)
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
 from ferry.model.kv_cache import PagedKVCache
@@ -24,6 +25,22 @@ def decode_plan_for(meta: AttentionMetadata, block_size: int, window: int | None
         meta.step_cache[key] = decode_plan(meta.decode_block_tables, meta.decode_seq_lens, block_size, window,
                                            dtype)
     return meta.step_cache[key]
+
+
+def cpu_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                         scale: float, window: int | None = None, kv: PagedKVCache | None = None) -> torch.Tensor:
+    """CPU decode attention of the decoding rows, q [Bd, H, D] -> [Bd, H, Dv]: the fused kernel, which reads
+    the cache in place, or (FERRY_CPU_KERNELS=0, no compiler) the plain-torch reference, which gathers
+    into kv's scratch buffers when kv is given."""
+    tables, seq_lens = meta.decode_block_tables, meta.decode_seq_lens
+    if fused_decode_enabled():
+        return fused_paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale, window)
+    plan = decode_plan_for(meta, k_cache.shape[1], window, q.dtype)
+    scratch = None
+    if kv is not None and plan:
+        most_blocks = max(b.flat_blocks.numel() for b in plan)
+        scratch = kv.decode_scratch(most_blocks * kv.block_size * k_cache.shape[2] * k_cache.shape[3])
+    return paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale, window, plan, scratch)
 
 
 class GQAttention(nn.Module):
@@ -65,27 +82,28 @@ class GQAttention(nn.Module):
                          meta: AttentionMetadata) -> torch.Tensor:
         """CPU: decoding rows in one batched call, prefilling sequences one by one -> [T, H, D]."""
         k_cache, v_cache = kv.layer(self.layer, 0), kv.layer(self.layer, 1)
-        plan = decode_plan_for(meta, kv.block_size, self.window, q.dtype)
-        most_blocks = max((b.flat_blocks.numel() for b in plan), default=0) if plan else 0
-        gathered = most_blocks * kv.block_size * self.num_kv_heads * self.head_dim
-        scratch = kv.decode_scratch(gathered) if gathered else None
         if not meta.prefill_rows:  # a pure decode step: rows are already in sequence order
-            return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
-                                          self.window, plan, scratch)
+            return cpu_decode_attention(q, k_cache, v_cache, meta, self.scale, self.window, kv)
         out = torch.empty_like(q)  # [T, H, D]
         if meta.decode_token_rows.numel():
             rows = meta.decode_token_rows
-            out[rows] = paged_decode_attention(q[rows], k_cache, v_cache, meta.decode_block_tables,
-                                               meta.decode_seq_lens, self.scale, self.window, plan, scratch)
+            out[rows] = cpu_decode_attention(q[rows], k_cache, v_cache, meta, self.scale, self.window, kv)
         for i in meta.prefill_rows:
-            start, end, ctx = meta.query_starts[i], meta.query_starts[i + 1], meta.context_lens[i]
-            if ctx == 0:  # the whole sequence is new: use this step's K/V directly
-                k_seq, v_seq = k[start:end], v[start:end]
-            else:
-                blocks, total = meta.block_tables[i], ctx + end - start
-                k_seq, v_seq = gather_seq(k_cache, blocks, total), gather_seq(v_cache, blocks, total)
-            out[start:end] = prefill_attention(q[start:end], k_seq, v_seq, ctx, self.scale, self.window)
+            start, end = meta.query_starts[i], meta.query_starts[i + 1]
+            out[start:end] = self._prefill_one(q[start:end], k[start:end], v[start:end], k_cache, v_cache,
+                                               meta.block_tables[i], meta.context_lens[i])
         return out
+
+    def _prefill_one(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, blocks: torch.Tensor, ctx: int) -> torch.Tensor:
+        """CPU, one prefilling sequence: q [L, H, D], k/v [L, Hkv, D] of its new tokens -> [L, H, D]."""
+        if ctx == 0:  # the whole sequence is new: use this step's K/V directly
+            return prefill_attention(q, k, v, 0, self.scale, self.window)
+        if q.shape[0] <= CHUNK_MAX_TOKENS and fused_decode_enabled():  # reads the cached context in place
+            return fused_chunk_attention(q, k_cache, v_cache, blocks, ctx, self.scale, self.window)
+        total = ctx + q.shape[0]
+        return prefill_attention(q, gather_seq(k_cache, blocks, total), gather_seq(v_cache, blocks, total), ctx,
+                                 self.scale, self.window)
 
     def _triton_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKVCache,
                           meta: AttentionMetadata) -> torch.Tensor:

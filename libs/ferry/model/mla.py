@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ferry.kernels import gather_seq, paged_decode_attention, prefill_attention, use_triton, write_kv
+from ferry.kernels import gather_seq, prefill_attention, use_triton, write_kv
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
-from ferry.model.dense_attention import decode_plan_for
+from ferry.model.dense_attention import cpu_decode_attention
 from ferry.model.kv_cache import PagedKVCache
 from ferry.model.layers import RMSNorm
 from ferry.model.rope import apply_rotary, yarn_mscale
@@ -94,9 +94,7 @@ class MLAttention(nn.Module):
             out_latent = mla_decode_attention(q_latent, cache, self.rank, meta.decode_block_tables,
                                               meta.decode_seq_lens, self.scale)
         else:
-            out_latent = paged_decode_attention(q_latent, cache, cache[..., : self.rank],
-                                                meta.decode_block_tables, meta.decode_seq_lens, self.scale,
-                                                plan=decode_plan_for(meta, cache.shape[1], None, q_latent.dtype))
+            out_latent = cpu_decode_attention(q_latent, cache, cache[..., : self.rank], meta, self.scale)
         return torch.einsum("bhc,hvc->bhv", out_latent, w_uv)  # [B, H, Dv]
 
     @staticmethod

@@ -1,26 +1,78 @@
-"""The comparison report: one row per (system, phase), and the ratios BENCHMARKS.md asks for.
+"""The comparison's ratios: which system is compared with which, in which phase, on which figure,
+and whether issue #9's targets are met.
 
-Pure arithmetic on phase summaries (the dicts `ferry.bench.report.summarize` and
-`ferry.bench.offline.RunResult.summary` produce: output_tokens_per_s, requests_per_s, ttft_ms,
-tpot_ms, e2e_ms), plus the markdown and one PNG. No servers, no torch.
+A phase answers one kind of question. All requests at once saturates every system, so it measures
+capacity: throughput ratios (numerator / denominator, > 1 favours the numerator) come from it only.
+At a moderate Poisson rate every system keeps up, so throughput equals the offered load and says
+nothing; that phase compares latency: p99 end-to-end, TTFT p50/p99, as a reduction
+(1 - numerator / denominator, > 0 favours the numerator). Pure arithmetic on phase summaries (the
+dicts `ferry.bench.report.summarize` and `ferry.bench.offline.RunResult.summary` produce).
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from dataclasses import dataclass
 
-# (numerator, denominator, what the ratio answers)
+SYSTEMS = ("engine-static-padded", "engine-static", "engine-dynamic", "ferry-up", "hf-serve")
+CLOCKS = {"engine-static-padded": "engine", "engine-static": "engine", "engine-dynamic": "engine",
+          "ferry-up": "wall", "hf-serve": "wall"}
+"""engine: the in-process engine's own step clock (its work plus idle gaps); wall: HTTP client wall clock."""
+ALL_AT_ONCE, POISSON = "all-at-once", "poisson"
+THROUGHPUT_FIGURES = {"output_tokens_per_s": "output tok/s", "requests_per_s": "req/s"}
+LATENCY_FIGURES = {"e2e_ms.p99": "E2E p99", "ttft_ms.p50": "TTFT p50", "ttft_ms.p99": "TTFT p99",
+                   "tpot_ms.p50": "TPOT p50"}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One of issue #9's bars, as a comparison of two systems on one figure in one kind of phase."""
+
+    numerator: str
+    denominator: str
+    figure: str
+    """A key of THROUGHPUT_FIGURES (compared as a speedup) or LATENCY_FIGURES (as a reduction)."""
+    threshold: float
+    """Met when the speedup / reduction is >= this."""
+    claim: str
+    """The issue's words, plus which baseline this row uses."""
+
+
+_X3 = "distributed >= 3x static batching, output tok/s offline"
+_P99 = "distributed >= 45% lower p99 E2E at a moderate Poisson rate"
+_X4 = "distributed >= 4x `transformers serve --continuous-batching`"
+TARGETS = (
+    Target("ferry-up", "engine-static-padded", "output_tokens_per_s", 3.0, f"{_X3} (classic padded)"),
+    Target("ferry-up", "engine-static", "output_tokens_per_s", 3.0, f"{_X3} (compacting, the stronger one)"),
+    Target("engine-dynamic", "engine-static-padded", "output_tokens_per_s", 3.0,
+           "same claim, same engine in-process (one clock): continuous vs classic static"),
+    Target("ferry-up", "engine-static-padded", "e2e_ms.p99", 0.45, f"{_P99} (classic padded)"),
+    Target("ferry-up", "engine-static", "e2e_ms.p99", 0.45, f"{_P99} (compacting, the stronger one)"),
+    Target("engine-dynamic", "engine-static-padded", "e2e_ms.p99", 0.45,
+           "same claim, same engine in-process (one clock): continuous vs classic static"),
+    Target("ferry-up", "hf-serve", "output_tokens_per_s", 4.0, f"{_X4}, output tok/s offline (both over HTTP)"),
+)
+
+# (numerator, denominator, what the comparison answers), for the context tables.
 PAIRS = (
-    ("engine-dynamic", "engine-static", "continuous vs static batching, same engine (BENCHMARKS.md #1)"),
+    ("engine-dynamic", "engine-static-padded", "continuous vs classic static batching, same engine (BENCHMARKS.md #1)"),
+    ("engine-dynamic", "engine-static", "continuous vs compacting static batching, same engine (#1)"),
+    ("engine-static", "engine-static-padded", "what compacting finished slots alone buys static batching"),
+    ("ferry-up", "engine-static-padded", "the whole system vs classic static batching in-process (#1, two clocks)"),
+    ("ferry-up", "engine-static", "the whole system vs compacting static batching in-process (#1, two clocks)"),
     ("ferry-up", "hf-serve", "ferry served vs `transformers serve --continuous-batching`, both over HTTP (#2)"),
-    ("engine-dynamic", "hf-serve", "ferry's engine in-process vs `transformers serve --continuous-batching` (#2)"),
+    ("engine-dynamic", "hf-serve", "ferry's engine in-process vs `transformers serve` (#2, two clocks)"),
     ("ferry-up", "engine-dynamic", "distributed system vs the same engine in-process: cost of the split (#3)"),
 )
-FIGURES = (("output_tokens_per_s", "output tok/s", "higher"), ("requests_per_s", "req/s", "higher"),
-           ("ttft_ms.p50", "TTFT p50", "lower"), ("ttft_ms.p99", "TTFT p99", "lower"),
-           ("tpot_ms.p50", "TPOT p50", "lower"), ("tpot_ms.p99", "TPOT p99", "lower"),
-           ("e2e_ms.p99", "E2E p99", "lower"))
+
+
+def phase_kind(phase: str) -> str:
+    """'all-at-once' or 'poisson' from a phase name (ferry.bench.online.make_plans names them)."""
+    if phase == ALL_AT_ONCE:
+        return ALL_AT_ONCE
+    if phase.startswith("poisson"):
+        return POISSON
+    raise ValueError(f"phase {phase!r}: expected 'all-at-once' or 'poisson-<rate>rps'")
 
 
 def figure(summary: dict, key: str) -> float | None:
@@ -31,69 +83,76 @@ def figure(summary: dict, key: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
+def compare(numerator: dict, denominator: dict, key: str) -> float | None:
+    """Speedup num/den for a throughput figure, reduction 1 - num/den for a latency; None when
+    either figure is missing or the denominator is 0."""
+    x, y = figure(numerator, key), figure(denominator, key)
+    if x is None or not y:
+        return None
+    return x / y if key in THROUGHPUT_FIGURES else 1.0 - x / y
+
+
+def figures_for(phase: str) -> dict[str, str]:
+    """What a phase can answer: capacity when all arrive at once, latency at a Poisson rate."""
+    return THROUGHPUT_FIGURES if phase_kind(phase) == ALL_AT_ONCE else LATENCY_FIGURES
+
+
 def ratios(systems: dict[str, dict[str, dict]]) -> list[dict]:
-    """systems: name -> phase name -> summary. One entry per PAIRS pair and phase both systems ran."""
+    """systems: name -> phase name -> summary. One entry per PAIRS pair and phase both systems ran,
+    holding only the figures that phase answers."""
     out = []
     for num, den, meaning in PAIRS:
         for phase in sorted(set(systems.get(num, {})) & set(systems.get(den, {}))):
             a, b = systems[num][phase], systems[den][phase]
-            values = {}
-            for key, _, _ in FIGURES:
-                x, y = figure(a, key), figure(b, key)
-                values[key] = x / y if x is not None and y else None
-            out.append({"numerator": num, "denominator": den, "phase": phase, "meaning": meaning,
-                        "ratios": values})
+            values = {key: compare(a, b, key) for key in figures_for(phase)}
+            out.append({"numerator": num, "denominator": den, "phase": phase, "kind": phase_kind(phase),
+                        "clocks": f"{CLOCKS[num]}/{CLOCKS[den]}", "meaning": meaning, "values": values})
     return out
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
+def targets(systems: dict[str, dict[str, dict]]) -> list[dict]:
+    """Every TARGETS row with its measured value and `met` (None: not measured in this run)."""
+    out = []
+    for t in TARGETS:
+        kind = ALL_AT_ONCE if t.figure in THROUGHPUT_FIGURES else POISSON
+        phases = sorted(p for p in set(systems.get(t.numerator, {})) & set(systems.get(t.denominator, {}))
+                        if phase_kind(p) == kind) or [None]
+        for phase in phases:
+            value = None if phase is None else compare(systems[t.numerator][phase], systems[t.denominator][phase],
+                                                       t.figure)
+            out.append({"claim": t.claim, "numerator": t.numerator, "denominator": t.denominator,
+                        "figure": t.figure, "kind": kind, "phase": phase, "threshold": t.threshold,
+                        "clocks": f"{CLOCKS[t.numerator]}/{CLOCKS[t.denominator]}",
+                        "value": value, "met": None if value is None else value >= t.threshold})
+    return out
 
 
-def markdown(meta: dict, systems: dict[str, dict[str, dict]], problems: dict[str, str], pairs: list[dict]) -> str:
-    lines = ["# ferry comparison run", "", *[f"- {k}: {v}" for k, v in meta.items()], "",
-             "## Figures (latencies in ms)", "",
-             "| system | phase | ok/total | " + " | ".join(label for _, label, _ in FIGURES) + " |",
-             "|---|---|---|" + "---|" * len(FIGURES)]
-    for name, phases in systems.items():
-        for phase, s in phases.items():
-            ok = f"{s.get('num_ok', s.get('num_requests'))}/{s.get('num_requests')}"
-            cells = [_fmt(figure(s, key), 2 if key == "requests_per_s" else 1) for key, _, _ in FIGURES]
-            lines.append(f"| {name} | {phase} | {ok} | " + " | ".join(cells) + " |")
-    lines += ["", "## Ratios (numerator / denominator, same phase, same run)", "",
-              "| numerator / denominator | phase | " + " | ".join(label for _, label, _ in FIGURES) + " |",
-              "|---|---|" + "---|" * len(FIGURES)]
-    for p in pairs:
-        cells = [_fmt(p["ratios"][key], 2) for key, _, _ in FIGURES]
-        lines.append(f"| {p['numerator']} / {p['denominator']} | {p['phase']} | " + " | ".join(cells) + " |")
-    lines += ["", "Throughput ratios > 1 and latency ratios < 1 favour the numerator.", ""]
-    lines += [f"- `{num} / {den}`: {meaning}" for num, den, meaning in PAIRS]
-    if problems:
-        lines += ["", "## Systems that did not run", ""] + [f"- **{k}**: {v}" for k, v in problems.items()]
-    return "\n".join(lines) + "\n"
+def poisson_rate(systems: dict[str, dict[str, dict]], base: str, fraction: float) -> float:
+    """The Poisson phase's offered req/s: `fraction` x `base`'s all-at-once req/s (its capacity)."""
+    capacity = figure(systems.get(base, {}).get(ALL_AT_ONCE, {}), "requests_per_s")
+    if capacity is None:
+        raise ValueError(f"rate base {base!r}: no all-at-once req/s measured")
+    return round(fraction * capacity, 4)
 
 
-def plot(path: Path, systems: dict[str, dict[str, dict]]) -> bool:
-    """Grouped bars: output tokens/s of every system in every phase."""
-    phases = sorted({p for s in systems.values() for p in s})
-    if not phases:
-        return False
-    import matplotlib
+def load_fractions(systems: dict[str, dict[str, dict]], rate_rps: float) -> dict[str, float]:
+    """How hard the Poisson rate pushed each system: rate / its all-at-once req/s (near 1 = saturated)."""
+    out = {}
+    for name, by_phase in systems.items():
+        capacity = figure(by_phase.get(ALL_AT_ONCE, {}), "requests_per_s")
+        if capacity:
+            out[name] = round(rate_rps / capacity, 3)
+    return out
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / max(1, len(systems))
-    for i, (name, by_phase) in enumerate(systems.items()):
-        xs = [j + i * width for j, ph in enumerate(phases) if ph in by_phase]
-        ys = [figure(by_phase[ph], "output_tokens_per_s") or 0.0 for ph in phases if ph in by_phase]
-        ax.bar(xs, ys, width, label=name)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(phases))], phases)
-    ax.set_ylabel("output tokens/s")
-    ax.set_title("same checkpoint, same workload, one run")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+def phase_rate(phase: str) -> float:
+    """The nominal offered req/s in a Poisson phase's name ('poisson-1.25rps' -> 1.25)."""
+    if phase_kind(phase) != POISSON or not phase.endswith("rps"):
+        raise ValueError(f"phase {phase!r}: not a 'poisson-<rate>rps' phase")
+    return float(phase[len("poisson-"):-len("rps")])
+
+
+def poisson_loads(systems: dict[str, dict[str, dict]]) -> dict[str, dict[str, float]]:
+    """Poisson phase -> load_fractions at its nominal rate."""
+    phases = sorted({p for by_phase in systems.values() for p in by_phase if phase_kind(p) == POISSON})
+    return {phase: load_fractions(systems, phase_rate(phase)) for phase in phases}

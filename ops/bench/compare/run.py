@@ -1,14 +1,16 @@
 """One comparison run: the same random `bench` checkpoint and the same seeded workload through
 
-  engine-static   ferry's engine in-process, static batching (ferry.bench.offline.run_engine)
-  engine-dynamic  ferry's engine in-process, continuous batching
-  ferry-up        the whole system (`ferry up`: gateway, balancers, workers over NATS, KV via Redis)
-  hf-serve        `transformers serve <folder> --continuous-batching` on CPU, offline
+  engine-static-padded  ferry's engine in-process, classic static batching (finished slots keep computing)
+  engine-static         ferry's engine in-process, static batching that drops finished sequences
+  engine-dynamic        ferry's engine in-process, continuous batching
+  ferry-up              the whole system (`ferry up`: gateway, balancers, workers over NATS, KV via Redis)
+  hf-serve              `transformers serve <folder> --continuous-batching` on CPU, offline
 
-one after another in this one invocation, each on an otherwise idle server, then writes
-compare.json, compare.md (figures + ratios) and compare_throughput.png, plus each HTTP system's own
-`ferry bench --url` report in a subfolder. Phases: all requests at once, then Poisson arrivals at
-`--rate-fraction` x engine-static's measured all-at-once requests/s (the same rate for everyone).
+one after another in this one invocation, each on an otherwise idle server (the engines side by
+side, step by step), then writes compare.json, compare.md (issue #9's targets, met or not; ratios;
+figures) and compare.png, plus each HTTP system's own `ferry bench --url` report in a subfolder.
+Phases: all requests at once (capacity: throughput ratios), then Poisson arrivals at `--rate-fraction`
+x `--rate-base`'s all-at-once requests/s, the same rate for everyone (latency ratios).
 
     .venv/bin/python ops/bench/compare/run.py --num-requests 64 --out ops/bench/compare/reports/<name>
 """
@@ -27,26 +29,32 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import engines  # noqa: E402
 import ratios  # noqa: E402
+import render  # noqa: E402
 import servers  # noqa: E402
 
 from ferry.bench.http_client import CompletionCall  # noqa: E402
-from ferry.bench.online import OnlineConfig, PhasePlan, bench_url, detect_model, make_plans, run_phase  # noqa: E402
-from ferry.bench.workload import WorkloadConfig, make_workload  # noqa: E402
+from ferry.bench.online import OnlineConfig, bench_url, detect_model, make_plans, run_phase  # noqa: E402
+from ferry.bench.workload import WorkloadConfig  # noqa: E402
 
-SYSTEMS = ("engine-static", "engine-dynamic", "ferry-up", "hf-serve")
+HTTP_SYSTEMS = ("ferry-up", "hf-serve")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="report folder")
     p.add_argument("--model", type=Path, help="checkpoint folder (default: a fresh `ferry make-model --size bench`)")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="default %(default)s")
+    p.add_argument("--systems", default=",".join(ratios.SYSTEMS), help="default %(default)s")
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-lens", default="16,32,64,128,128,256")
     p.add_argument("--rate-fraction", type=float, default=0.5,
-                   help="Poisson rate as a fraction of engine-static's all-at-once req/s; 0 = no Poisson phase")
+                   help="Poisson rate as a fraction of --rate-base's all-at-once req/s; 0 = no Poisson phase")
+    p.add_argument("--rate-base", choices=tuple(engines.ENGINE_SYSTEMS),
+                   help="whose all-at-once req/s sets the Poisson rate (default: engine-static-padded, the "
+                        "classic static server, when it runs, else engine-static; as `ferry bench --offline`)")
+    p.add_argument("--rate", type=float, help="Poisson rate in req/s, instead of --rate-fraction x --rate-base")
     p.add_argument("--max-num-seqs", type=int, default=32, help="batch cap of ferry's engine and workers")
     p.add_argument("--num-kv-blocks", type=int, default=4096)
     p.add_argument("--threads", type=int, default=1,
@@ -61,8 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     chosen = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if set(chosen) - set(SYSTEMS):
-        raise SystemExit(f"--systems: choose from {SYSTEMS}")
+    if set(chosen) - set(ratios.SYSTEMS) or not chosen:
+        raise SystemExit(f"--systems: choose from {ratios.SYSTEMS}")
+    if args.rate is not None and not args.rate > 0:
+        raise SystemExit(f"--rate {args.rate}: must be > 0")
+    if args.rate_base is None:
+        args.rate_base = "engine-static-padded" if "engine-static-padded" in chosen else "engine-static"
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by every server process started below
     model_dir = args.model or _make_checkpoint()
@@ -71,13 +83,12 @@ def main(argv: list[str] | None = None) -> int:
                               vocab_size=json.loads((model_dir / "config.json").read_text())["vocab_size"])
     systems: dict[str, dict[str, dict]] = {}
     problems: dict[str, str] = {}
-    loads: dict[str, list[float]] = {}
-    plans = run_engines(args, chosen, model_dir, workload, systems, problems, loads)
-    for name in ("ferry-up", "hf-serve"):
+    stages: dict[str, dict] = {}
+    plans = run_engines(args, chosen, model_dir, workload, systems, problems, stages)
+    for name in HTTP_SYSTEMS:
         if name in chosen:
-            loads[name] = list(os.getloadavg())
-            run_http_system(name, args, model_dir, workload, plans, systems, problems)
-    meta = _meta(args, model_dir, workload, plans, loads)
+            _stage(stages, name, lambda n=name: run_http_system(n, args, model_dir, workload, plans, systems, problems))
+    meta = _meta(args, model_dir, workload, plans, stages)
     write_compare(args.out, meta, systems, problems)
     print((args.out / "compare.md").read_text())
     return 0 if not problems else 1
@@ -89,39 +100,48 @@ def _make_checkpoint() -> Path:
     return make_model(Path(tempfile.mkdtemp(prefix="ferry-compare-")) / "bench-llama", "llama", "bench")
 
 
-def run_engines(args, chosen, model_dir, workload, systems, problems, loads) -> list[PhasePlan]:
-    """The in-process engines, static and dynamic taking turns step by step (ferry.bench.offline's
-    side_by_side: both see the same machine noise); all at once first, which sets the Poisson rate."""
-    import torch
+def _stage(stages: dict, label: str, fn) -> object:
+    """Run one stage, recording the load average when it started and its wall time."""
+    started, load = time.monotonic(), [round(x, 2) for x in os.getloadavg()]
+    try:
+        return fn()
+    finally:
+        stages[label] = {"load_1_5_15_min_at_start": load, "wall_s": round(time.monotonic() - started, 1)}
 
-    from ferry.bench.offline import engine_turns, side_by_side
-    from ferry.engine.config import EngineConfig
-    from ferry.model import load_model
 
-    engines = [name for name in ("engine-static", "engine-dynamic") if name in chosen]
+def run_engines(args, chosen, model_dir, workload, systems, problems, stages) -> list:
+    """The in-process engines all at once, then the Poisson rate, then the engines at that rate;
+    -> the phase plans every HTTP system runs too."""
+    names = [n for n in engines.ENGINE_SYSTEMS if n in chosen]
     plans = make_plans([math.inf], workload.num_requests, workload.seed)
-    if not engines:
-        problems["poisson phase"] = "skipped: its rate is set from the in-process engine, which was not chosen"
-        return plans
-    torch.set_num_threads(args.threads)
-    lm = load_model(str(model_dir))
-    requests = make_workload(workload)
+    lm, requests = engines.load(model_dir, args.threads, workload) if names else (None, None)
 
-    def run(plan: PhasePlan) -> None:
-        turns = {name: engine_turns(lm, EngineConfig(batching=name.split("-")[1], max_num_seqs=args.max_num_seqs,
-                                                     num_kv_blocks=args.num_kv_blocks),
-                                    requests, plan.arrivals_s, name) for name in engines}
-        for name, result in side_by_side(turns, len(requests) * len(engines), True).items():
-            systems.setdefault(name, {})[plan.name] = result.summary()
+    def run(plan):
+        for name, summary in engines.run_engine_phase(lm, names, requests, plan, args.max_num_seqs,
+                                                      args.num_kv_blocks, problems).items():
+            systems.setdefault(name, {})[plan.name] = summary
 
-    loads["engines, all at once"] = list(os.getloadavg())
-    run(plans[0])
-    if args.rate_fraction > 0:
-        rps = systems[engines[0]][plans[0].name]["requests_per_s"]  # static's capacity when it ran
-        plans += make_plans([round(args.rate_fraction * rps, 4)], workload.num_requests, workload.seed)
-        loads["engines, poisson"] = list(os.getloadavg())
-        run(plans[1])
+    if names:
+        _stage(stages, f"engines, {plans[0].name}", lambda: run(plans[0]))
+    rate = poisson_rate(args, systems, problems)
+    if rate is not None:
+        plans += make_plans([rate], workload.num_requests, workload.seed)
+        if names:
+            _stage(stages, f"engines, {plans[1].name}", lambda: run(plans[1]))
     return plans
+
+
+def poisson_rate(args, systems, problems) -> float | None:
+    """--rate, else --rate-fraction x --rate-base's all-at-once req/s; None = no Poisson phase."""
+    if args.rate is not None:
+        return args.rate
+    if args.rate_fraction <= 0:
+        return None
+    try:
+        return ratios.poisson_rate(systems, args.rate_base, args.rate_fraction)
+    except ValueError as exc:
+        problems["poisson phase"] = f"skipped: {exc} (choose it in --systems, or pass --rate)"
+        return None
 
 
 def run_http_system(name, args, model_dir, workload, plans, systems, problems) -> None:
@@ -168,30 +188,38 @@ def _warm_up(config: OnlineConfig) -> str:
     return bad[0] if bad else ""
 
 
-def _meta(args, model_dir, workload, plans, loads) -> dict:
+def _meta(args, model_dir, workload, plans, stages) -> dict:
     import torch
     import transformers
 
+    rate = plans[1].rate_rps if len(plans) > 1 else None
+    how = (f"--rate {args.rate}" if args.rate is not None
+           else f"{args.rate_fraction} x {args.rate_base}'s all-at-once req/s")
     return {"date_utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()), "checkpoint": str(model_dir),
             "workload": f"{workload.num_requests} requests, seed {workload.seed}, prompt median "
                         f"{workload.prompt_len_median}, outputs {list(workload.output_lens)}",
-            "phases": ", ".join(f"{p.name}" for p in plans) + (
-                f" (Poisson rate = {args.rate_fraction} x the first in-process engine's all-at-once req/s)"
-                if len(plans) > 1 else ""),
-            "clocks": "in-process engines: their own step time plus idle gaps (ferry.bench.offline); "
-                      "HTTP systems: client wall clock, TTFT/E2E from send", "engine batch cap": args.max_num_seqs,
-            "threads per model process": args.threads,
+            "phases": ", ".join(p.name for p in plans) + (f" (Poisson rate: {how}; the {workload.num_requests} "
+                                                           f"sampled arrivals come at {_realized_rps(plans[1]):.3g} "
+                                                           "req/s)" if rate else ""),
+            "engine batch cap": args.max_num_seqs, "threads per model process": args.threads,
             "cpu cores": os.cpu_count(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "load average (1, 5, 15 min) when each system started": json.dumps(loads)}
+            "stages (load average at start, wall seconds)": json.dumps(stages)}
+
+
+def _realized_rps(plan) -> float:
+    """The arrival rate the sampled Poisson schedule really has (a few dozen samples stray from nominal)."""
+    arrivals = plan.arrivals_s
+    return (len(arrivals) - 1) / arrivals[-1] if len(arrivals) > 1 and arrivals[-1] > 0 else math.inf
 
 
 def write_compare(out: Path, meta: dict, systems: dict, problems: dict) -> None:
-    pairs = ratios.ratios(systems)
-    doc = {"meta": meta, "systems": systems, "ratios": pairs, "problems": problems}
+    pairs, target_rows = ratios.ratios(systems), ratios.targets(systems)
+    doc = {"meta": meta, "targets": target_rows, "ratios": pairs, "poisson_load": ratios.poisson_loads(systems),
+           "systems": systems, "problems": problems}
     (out / "compare.json").write_text(json.dumps(doc, indent=1))
-    ratios.plot(out / "compare_throughput.png", systems)
-    (out / "compare.md").write_text(ratios.markdown(meta, systems, problems, pairs)
-                                    + "\n![throughput](compare_throughput.png)\n")
+    render.plot(out / "compare.png", systems)
+    (out / "compare.md").write_text(render.markdown(meta, systems, problems, pairs, target_rows)
+                                    + "\n![capacity and latency](compare.png)\n")
 
 
 if __name__ == "__main__":

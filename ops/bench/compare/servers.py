@@ -1,7 +1,7 @@
 """Start and stop the HTTP systems under comparison as child processes, one at a time.
 
 Each server runs in its own process group with its output in `<run dir>/<name>.log`, and is
-stopped with SIGTERM to the group (SIGKILL after a grace period), so `ferry up`'s nats-server,
+stopped with SIGTERM to its own process, then SIGKILL to the group, so `ferry up`'s nats-server,
 redis-server and services all go with it.
 """
 
@@ -89,9 +89,11 @@ def _is_ready(server: ServerProcess, log_marker: str | None, health_path: str) -
 
 
 def stop(server: ServerProcess, grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM the whole process group, SIGKILL whatever is left after `grace_s`."""
+    """SIGTERM the server's own process, SIGKILL its whole process group after it exits or after
+    `grace_s`. Only the leader gets SIGTERM: `ferry up` stops its services before its nats-server
+    and redis-server, which a group-wide SIGTERM would kill under them."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(server.process.pid, signal.SIGTERM)
+        server.process.send_signal(signal.SIGTERM)
     with contextlib.suppress(subprocess.TimeoutExpired):
         server.process.wait(timeout=grace_s)
     with contextlib.suppress(ProcessLookupError, PermissionError):

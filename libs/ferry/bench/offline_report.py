@@ -1,0 +1,122 @@
+"""The report of `ferry bench --offline`: summaries, ratios, model FLOPs use, and the PNG plots."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from ferry.bench.offline_turns import RunResult
+from ferry.model import LoadedModel
+
+LABELS = {"dynamic": "dynamic", "static": "static (compacting)", "static_padded": "static (padded)",
+          "transformers": "transformers"}
+"""'static' drops a finished sequence from compute at once (only live sequences cost); 'static_padded'
+is classic static batching on dense tensors (FasterTransformer-era servers, HF generate): prompts
+are left-padded to the batch's longest, and a finished slot keeps decoding (its tokens are thrown
+away) until the batch's longest member is done."""
+STATIC_BASELINES = ("static", "static_padded")
+EQUAL_KV_LABEL = ("equal KV memory: every engine system gets the same KV pool and batch cap; static admission "
+                  "reserves prompt + max_tokens per member (it cannot preempt), dynamic allocates as tokens "
+                  "grow and preempts when the pool runs dry. Not the equal-batch-cap comparison.")
+
+OnlineRun = tuple[float, float, dict[str, RunResult]]
+"""(rate fraction, offered req/s, {system: RunResult}) of one Poisson rate."""
+
+
+def offline_ratios(offline: dict[str, dict]) -> dict[str, float]:
+    """dynamic's output tokens/s over each other system's."""
+    dyn = offline.get("dynamic")
+    return {f"dynamic_vs_{other}_output_tokens_per_s": dyn["output_tokens_per_s"] / summary["output_tokens_per_s"]
+            for other, summary in offline.items() if dyn and other != "dynamic"}
+
+
+def online_rows(online: list[OnlineRun], basis: str, offline: dict[str, dict]) -> list[dict]:
+    rows = []
+    for fraction, rate_rps, by_system in online:
+        row = {"rate_fraction": fraction, "rate_basis": basis, "offered_rps": rate_rps,
+               "load_vs_own_capacity": {s: rate_rps / offline[s]["requests_per_s"] for s in by_system},
+               **{s: r.summary() for s, r in by_system.items()}}
+        for static in STATIC_BASELINES:
+            if static in by_system and "dynamic" in by_system:
+                p99_ms = row["dynamic"]["e2e_ms"]["p99"], row[static]["e2e_ms"]["p99"]
+                row[f"p99_e2e_reduction_vs_{static}"] = 1 - p99_ms[0] / p99_ms[1]
+        rows.append(row)
+    return rows
+
+
+def add_flops_use(offline: dict[str, dict], lm: LoadedModel, peak_gflops: float) -> None:
+    flops = model_flops_per_token(lm)
+    for summary in offline.values():
+        if summary["engine"]:
+            delivered = flops * summary["engine"]["num_computed_tokens"] / summary["busy_s"] / 1e9
+            summary["model_gflops"] = delivered
+            summary["model_flops_utilization"] = delivered / peak_gflops
+
+
+def matmul_gflops(seconds: float = 1.0, size: int = 1024) -> float:
+    """This machine's dense fp32 matmul rate, measured now (the denominator of model FLOPs use)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        count += 1
+    return 2 * size**3 * count / (time.perf_counter() - start) / 1e9
+
+
+def model_flops_per_token(lm: LoadedModel) -> float:
+    """2 x the parameters a token multiplies through (embedding lookup excluded)."""
+    embed = lm.model.model.embed_tokens.weight.numel()
+    params = sum(p.numel() for p in lm.model.parameters())
+    if lm.config.tie_word_embeddings:
+        embed = 0  # the tied matrix is also the LM head, which is a matmul
+    return 2.0 * (params - embed)
+
+
+# ---- plots ---------------------------------------------------------------------------------------
+def write_plots(out_dir: Path, results: dict[str, RunResult], online: list[OnlineRun], basis: str,
+                equal_kv: dict[str, RunResult] | None, kv_budget: tuple[int, int] | None) -> list[str]:
+    """kv_budget: (KV pool tokens, batch cap) of the equal-KV-memory runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    names = [_bars(out_dir / "throughput.png", results, "Offline throughput (all at once, equal batch cap)")]
+    if online:
+        names.append(_latency_cdfs(out_dir / "latency_cdf.png", online, basis))
+    if equal_kv:
+        names.append(_bars(out_dir / "equal_kv_memory.png", equal_kv,
+                           f"Offline throughput, EQUAL KV MEMORY ({kv_budget[0]} tokens, cap {kv_budget[1]})"))
+    return names
+
+
+def _bars(path: Path, results: dict[str, RunResult], title: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar([LABELS[s] for s in results], [r.output_tokens / r.busy_s for r in results.values()], color="tab:blue")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def _latency_cdfs(path: Path, online: list[OnlineRun], basis: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(online), figsize=(5 * len(online), 4), squeeze=False)
+    for ax, (fraction, rate_rps, by_system) in zip(axes[0], online):
+        for system, run in by_system.items():
+            values = sorted(v * 1000 for v in run.e2e_s)
+            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=LABELS[system])
+        ax.set_xlabel("end-to-end latency (ms)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(f"Poisson {rate_rps:.2f} req/s ({fraction:g} x {LABELS[basis]} capacity)", fontsize=10)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
