@@ -14,13 +14,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from ferry.bus import trace
 from ferry.protocol import ROLES, GenerateRequest
 
 from ferry_services.gateway.auth import ApiKeys, install_guard, lone_surrogate_field
 from ferry_services.gateway.bus import GatewayBus
 from ferry_services.gateway.convert import ModelLimits, chat_to_generate, completion_to_generate
 from ferry_services.gateway.errors import APIError, bad_request, install_error_handlers
-from ferry_services.gateway.generation import Generation
+from ferry_services.gateway.generation import Generation, check_inflight
 from ferry_services.gateway.responses import (Envelope, Output, delta_chunk, full_body, role_chunk,
                                               usage_chunk)
 from ferry_services.gateway.schemas import ChatCompletionRequest, CompletionRequest, CommonFields
@@ -63,6 +64,8 @@ def create_app(settings: GatewaySettings, tokenizer: Tokenizer, limits: ModelLim
     async def completions(body: CompletionRequest, request: Request) -> Response:
         _require_valid_unicode(body)
         request_id = f"cmpl-{uuid.uuid4().hex}"
+        trace.hop(request_id, "gw.http")
+        check_inflight(bus, settings.max_inflight, settings.retry_after_s)  # before the tokenizer runs
         generate = completion_to_generate(body, tokenizer, limits, request_id, bus.gateway_id)
         env = Envelope(id=request_id, model=limits.name, is_chat=False)
         return await _respond(request, body, generate, env, body.logprobs is not None)
@@ -71,6 +74,7 @@ def create_app(settings: GatewaySettings, tokenizer: Tokenizer, limits: ModelLim
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         _require_valid_unicode(body)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        check_inflight(bus, settings.max_inflight, settings.retry_after_s)  # before the chat template runs
         generate = chat_to_generate(body, tokenizer, limits, request_id, bus.gateway_id)
         env = Envelope(id=request_id, model=limits.name, is_chat=True)
         return await _respond(request, body, generate, env, body.logprobs)
@@ -140,6 +144,8 @@ async def _sse(gen: Generation, env: Envelope, out: Output, tokenizer: Tokenizer
         async for event in gen.events():
             text_offset = len(out.text)
             out.add(event)
+            if event.index == 0:
+                trace.hop(env.id, "gw.sse")
             yield _sse_line(delta_chunk(env, event, tokenizer, text_offset, want_logprobs, include_usage))
     except APIError as exc:  # headers are sent: the error travels as an event, as OpenAI's do
         yield _sse_line(exc.body())

@@ -25,6 +25,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ferry.bus import trace
+
 from ferry_services.gateway.errors import error_body
 
 log = logging.getLogger("ferry.gateway")
@@ -90,6 +92,7 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        trace.hop("*", "gw.asgi")  # FERRY_TRACE_FILE only: where the client's part of a request ends
         headers = _headers(scope)
         if scope.get("path") not in OPEN_PATHS and not self.keys.allows(headers.get("authorization")):
             await _reply(send, 401, "Incorrect or missing API key: send `Authorization: Bearer <key>`.",
@@ -170,6 +173,8 @@ def lone_surrogate_field(value: Any, path: str = "") -> str | None:
                 return found
     elif isinstance(value, list):
         for i, item in enumerate(value):
+            if not isinstance(item, (str, dict, list)):
+                continue  # a token id: no path string built for each of a long prompt's ids
             found = lone_surrogate_field(item, f"{path}[{i}]")
             if found:
                 return found

@@ -14,7 +14,7 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from ferry.bus import Service, connect, drain_or_close
+from ferry.bus import Service, connect, drain_or_close, trace
 from ferry.protocol import (Cancel, ErrorReply, GenerateRequest, LoadReport, OutputBatch, ProtocolError,
                             SubmitReply, SubmitRequest, decode, encode, subjects)
 
@@ -70,6 +70,10 @@ class GatewayBus:
         await drain_or_close(nc)
 
     async def _on_output(self, batch: OutputBatch) -> None:
+        if trace.enabled():
+            for event in batch.tokens:
+                if event.index == 0:
+                    trace.hop(event.request_id, "gw.event")
         self.tracker.deliver(batch)
 
     async def _on_load(self, report: LoadReport) -> None:

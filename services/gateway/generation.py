@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 
 from ferry import metrics
+from ferry.bus import trace
 from ferry.protocol import ErrorEvent, GenerateRequest, TokenEvent
 
 from ferry_services.gateway.bus import GatewayBus, SubmitFailed
@@ -28,6 +29,14 @@ def downstream_error(code: str, message: str, retry_after_s: float) -> APIError:
     status = _STATUS.get(code, 503)
     return APIError(status, message if message != code else f"request rejected: {code}", code=code,
                     retry_after_s=retry_after_s if status == 429 else None)
+
+
+def check_inflight(bus: GatewayBus, max_inflight: int, retry_after_s: float) -> None:
+    """The 429 of a full gateway. The HTTP layer calls it before tokenizing too, so that a gateway
+    at its limit turns requests away without spending milliseconds of its loop on each prompt."""
+    if len(bus.tracker) >= max_inflight:
+        raise APIError(429, f"the gateway has {max_inflight} requests in flight; retry later",
+                       code="overloaded", retry_after_s=retry_after_s)
 
 
 class Generation:
@@ -51,15 +60,14 @@ class Generation:
     async def start(self, max_inflight: int, retry_after_s: float, now: float) -> None:
         """Admit and submit, or raise the APIError the client should get (429, 503, ...)."""
         self._retry_after_s = retry_after_s
-        if len(self.bus.tracker) >= max_inflight:
-            raise APIError(429, f"the gateway has {max_inflight} requests in flight; retry later",
-                           code="overloaded", retry_after_s=retry_after_s)
+        check_inflight(self.bus, max_inflight, retry_after_s)
         if not self.bus.is_connected:
             raise APIError(503, "the gateway is not connected to the message bus", code="bus_unavailable")
         missing = self.bus.workers.missing_roles(now)
         if missing:
             raise APIError(503, f"no {' or '.join(missing)} worker is alive", code="no_workers")
         self._queue = self.bus.tracker.open(self.request_id)
+        trace.hop(self.request_id, "gw.submit")
         try:
             reply = await self.bus.submit(self.request)
         except SubmitFailed as exc:

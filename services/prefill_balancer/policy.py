@@ -1,6 +1,7 @@
 """Where a new request's prefill goes. Pure: no NATS, no torch.
 
-DeepSeek balances prefill workers by the tokens and the core-attention compute queued on each.
+DeepSeek balances prefill workers by the tokens and the core-attention compute queued on each
+(in the engine and, not pulled yet, in the worker's JetStream queue).
 A prompt of `n` tokens of which `c` are already cached costs `n - c` tokens of linear work
 (projections, MLP) and about (n² - c²)/2 query-key pairs of causal attention; the policy sends the
 request to the worker whose queued work *plus this request's cost there* is smallest, so a worker
@@ -59,13 +60,25 @@ def prefill_cost(num_tokens: int, num_cached_tokens: int = 0) -> PrefillCost:
     return PrefillCost(tokens=num_tokens - cached, attention=(num_tokens**2 - cached**2) / 2)
 
 
+def backlog_tokens(state: WorkerState, mean_prompt_tokens: float = 0.0) -> float:
+    """Prompt tokens of the messages waiting in JetStream for the worker: it has not pulled them,
+    so its report counts messages, not tokens; each is taken at the recent mean prompt length."""
+    return state.report.num_backlog * max(mean_prompt_tokens, 1.0)
+
+
+def queued_tokens(state: WorkerState, mean_prompt_tokens: float = 0.0) -> float:
+    """Prefill tokens ahead of a new request there: in its engine, in its JetStream queue, and
+    routed since its report."""
+    return state.queued_prefill_tokens + backlog_tokens(state, mean_prompt_tokens)
+
+
 def queued_load(state: WorkerState, config: PrefillPolicyConfig, mean_prompt_tokens: float = 0.0) -> float:
     """A worker's queued prefill work in token-equivalents."""
     # Reports carry queued tokens, not attention pairs: prompts of mean length m hold about
     # m/2 pairs per token. What was routed since the report is known exactly.
-    reported_pairs = state.report.num_queued_prefill_tokens * mean_prompt_tokens / 2
-    attention = reported_pairs + state.routed_attention
-    return state.queued_prefill_tokens + config.attention_weight * attention
+    reported_tokens = state.report.num_queued_prefill_tokens + backlog_tokens(state, mean_prompt_tokens)
+    attention = reported_tokens * mean_prompt_tokens / 2 + state.routed_attention
+    return queued_tokens(state, mean_prompt_tokens) + config.attention_weight * attention
 
 
 def choose_prefill_worker(
@@ -84,7 +97,7 @@ def choose_prefill_worker(
     cached_tokens = cached_tokens or {}
     best: tuple[float, WorkerState, PrefillCost, int] | None = None
     for state in workers:
-        if state.queued_prefill_tokens >= config.max_queued_tokens:
+        if queued_tokens(state, mean_prompt_tokens) >= config.max_queued_tokens:
             continue  # full; an idle worker always qualifies, however long the prompt
         cached = cached_tokens.get(state.worker_id, 0)
         cost = prefill_cost(num_tokens, cached)

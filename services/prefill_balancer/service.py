@@ -13,7 +13,7 @@ import time
 
 from nats.aio.client import Client
 
-from ferry.bus import Service, connect, ensure_work_stream, run_service
+from ferry.bus import Service, connect, ensure_work_stream, run_service, trace
 from ferry.metrics import start_metrics_server
 from ferry.protocol import (
     KvEvent,
@@ -86,16 +86,22 @@ class PrefillBalancer:
             self.prefixes.apply("stored", chosen.report.kv_namespace, chosen.worker_id, hashes)
         return choice
 
+    def cached_blocks_hint(self, choice: PrefillChoice) -> int:
+        """Rounded up, so that 0 means "no block of this prompt known in the worker's pool or the
+        store": the worker then skips its store lookup (a Redis round trip before the first token)."""
+        block_size = self.runtime.view.workers[choice.worker_id].report.block_size
+        return -(-choice.num_cached_tokens // block_size)
+
     async def submit(self, submit: SubmitRequest) -> SubmitReply:
         request = submit.request
+        trace.hop(request.request_id, "pb.submit")
         num_tokens = len(request.all_token_ids)
         self.mean_prompt_tokens += PROMPT_EMA * (num_tokens - self.mean_prompt_tokens)
         choice = self.choose(request.all_token_ids, request.model)
         if choice.worker_id is None:
             return SubmitReply(request.request_id, False, reason=choice.reason, retry_after_s=choice.retry_after_s)
-        block_size = self.runtime.view.workers[choice.worker_id].report.block_size
-        work = PrefillWork(request, routed_at=time.time(),
-                           num_cached_blocks_hint=choice.num_cached_tokens // block_size)
+        work = PrefillWork(request, routed_at=time.time(), num_cached_blocks_hint=self.cached_blocks_hint(choice))
+        trace.hop(request.request_id, "pb.routed")
         await self.runtime.publish_work(choice.worker_id, work)
         return SubmitReply(request.request_id, True, worker_id=choice.worker_id)
 
@@ -110,6 +116,7 @@ class PrefillBalancer:
         if choice.worker_id is None:
             return False
         work.routed_at = time.time()
+        work.num_cached_blocks_hint = self.cached_blocks_hint(choice)
         await self.runtime.publish_work(choice.worker_id, work)
         log.info("re-routed request %s to prefill worker %s", work.request.request_id, choice.worker_id)
         return True

@@ -39,8 +39,9 @@ class WorkerState:
 
     @property
     def num_seqs(self) -> int:
-        """Running + waiting + routed since the report: what counts against the batch cap."""
-        return self.report.num_running + self.report.num_waiting + self.routed_seqs
+        """Running + waiting + queued in JetStream + routed since the report: what counts against
+        the batch cap."""
+        return self.report.num_running + self.report.num_waiting + self.report.num_backlog + self.routed_seqs
 
     @property
     def queued_prefill_tokens(self) -> int:

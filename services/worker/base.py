@@ -19,7 +19,7 @@ from nats.aio.client import Client
 from nats.js.errors import ServiceUnavailableError
 
 from ferry import metrics
-from ferry.bus import Service, WorkConsumer, WorkItem, ensure_work_consumer
+from ferry.bus import Service, WorkConsumer, WorkItem, ensure_work_consumer, trace
 from ferry.protocol import Cancel, ErrorEvent, GenerateRequest, LoadReport, OutputBatch, encode, subjects
 from ferry_services.worker.compute import ComputeThread
 from ferry_services.worker.events import batch_by_gateway
@@ -32,6 +32,8 @@ MAX_FETCH = 32
 """Most messages one pull asks for."""
 FETCH_WAIT_S = 1.0
 """A pull waits this long for the first message (long poll: an idle worker does not spin)."""
+BACKLOG_TIMEOUT_S = 0.25
+"""A report waits at most this long for JetStream's count of the worker's queued messages."""
 SHUTDOWN_GRACE_S = 20.0
 """On SIGTERM, requests already in this worker get this long to finish."""
 
@@ -56,10 +58,14 @@ class Worker(abc.ABC):
         self.cancelled = RecentIds()
         self.has_work = asyncio.Event()
         self.has_room = asyncio.Event()
+        self.num_adding = 0
+        """Engine additions queued on the engine thread and not finished: work for the engine loop."""
         self.draining = False
         self.consumer: WorkConsumer | None = None
         self.tasks: set[asyncio.Task] = set()
         self._num_cached_reported = 0
+        self.num_backlog = 0
+        """Messages queued for this worker in JetStream, as of the last report."""
         self.service = Service(f"{self.role}-worker", description=f"ferry {self.role} worker",
                                metadata={"worker_id": self.worker_id, "model": settings.model_name})
         self.service.subscribe(subjects.CANCEL, Cancel, self.on_cancel)
@@ -88,7 +94,7 @@ class Worker(abc.ABC):
     # ---- the engine loop ---------------------------------------------------------------------
     async def engine_loop(self) -> None:
         while True:
-            if not self.engine.has_unfinished_requests():
+            if not self.num_adding and not self.engine.has_unfinished_requests():
                 self.has_work.clear()
                 await self.has_work.wait()
                 continue
@@ -102,9 +108,24 @@ class Worker(abc.ABC):
             if not outputs:  # e.g. everything waits for blocks: do not spin on the engine thread
                 await asyncio.sleep(0.001)
 
+    async def add_to_engine(self, fn, *args) -> Any:
+        """Run an engine addition (`add_request`, ...) with the next step queued right behind it on
+        the engine thread, instead of after a trip back to this loop: one thread hop less before a
+        new request's first token. Raises what `fn` raises."""
+        self.num_adding += 1
+        added = self.compute.submit(fn, *args)
+        self.has_work.set()
+        try:
+            return await added
+        finally:
+            self.num_adding -= 1
+
     def step(self) -> Any:
         """Runs on the engine thread."""
-        return self.engine.step()
+        trace.hop("*", f"{self.role[0]}w.step_start")
+        outputs = self.engine.step()
+        trace.hop("*", f"{self.role[0]}w.step_end")
+        return outputs
 
     async def after_step(self, outputs: Any) -> None:
         await self.publish_outputs(outputs)
@@ -223,6 +244,7 @@ class Worker(abc.ABC):
     async def report_loop(self) -> None:
         last_lease = time.monotonic()
         while True:
+            await self.refresh_backlog()
             await self.publish_report()
             if time.monotonic() - last_lease > self.settings.ack_wait_s / 3:
                 last_lease = time.monotonic()
@@ -248,8 +270,17 @@ class Worker(abc.ABC):
             num_queued_prefill_tokens=stats.num_queued_prefill_tokens,
             kv_blocks_used=stats.kv_blocks_used, kv_blocks_total=stats.kv_blocks_total,
             max_running=self.settings.max_running, block_size=self.settings.block_size,
-            draining=self.draining,
+            draining=self.draining, num_backlog=self.num_backlog,
         )
+
+    async def refresh_backlog(self) -> None:
+        """Ask JetStream how much work waits for this worker; keep the last count if it cannot say."""
+        if self.consumer is None:
+            return
+        try:
+            self.num_backlog = await self.consumer.num_pending(timeout_s=BACKLOG_TIMEOUT_S)
+        except Exception as exc:  # JetStream restarting or slow: a report must still go out
+            log.debug("backlog of %s unknown: %r", self.worker_id, exc)
 
     async def publish_report(self) -> None:
         report = self.load_report()

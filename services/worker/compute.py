@@ -26,8 +26,12 @@ class ComputeThread:
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(*args, **kwargs)` on the engine thread and wait for it without blocking the loop."""
+        return await self.submit(fn, *args, **kwargs)
+
+    def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> asyncio.Future[T]:
+        """Queue `fn` on the engine thread now (calls run in the order queued); await the result later."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(self._run, fn, args, kwargs))
+        return loop.run_in_executor(self._executor, functools.partial(self._run, fn, args, kwargs))
 
     def _run(self, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
         try:

@@ -55,7 +55,7 @@ class DecodeWorker(Worker):
             self.num_recomputed += 1
             log.warning("KV of %s not in the store (%d tokens): recomputing it", request_id, handoff.num_kv_tokens)
         try:
-            admitted = await self.compute.call(self._join, handoff, data)
+            admitted = await self.add_to_engine(self._join, handoff, data)
         except ValueError as exc:  # the sequence does not fit this engine at all
             await self.publish_error(handoff.request, "bad_request", str(exc), retryable=False)
             admitted = True  # settled for good

@@ -18,7 +18,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from ferry import metrics
-from ferry.bus import WorkItem
+from ferry.bus import WorkItem, trace
 from ferry.kvstore import KvStoreError
 from ferry.kvstore.index import MAX_HASHES_PER_EVENT
 from ferry.protocol import (
@@ -60,6 +60,7 @@ class PrefillWorker(Worker):
 
     async def accept(self, item: WorkItem) -> None:
         request = item.msg.request
+        trace.hop(request.request_id, "pw.pulled")
         if not self.is_new(request.request_id, request.attempt):
             if request.request_id in self.cancelled or self.is_stale(request.request_id, request.attempt):
                 await item.ack()
@@ -70,11 +71,12 @@ class PrefillWorker(Worker):
         self.hold(request, item)
         metrics.PREFIX_CACHE_QUERIES.labels(self.role).inc(len(request.all_token_ids))
         try:
-            prefix = await self.fetch_prefix(request)
-            admitted = prefix is not None and await self.compute.call(self._admit_with_prefix, request, *prefix)
+            prefix = await self.fetch_prefix(request, item.msg.num_cached_blocks_hint)
+            trace.hop(request.request_id, "pw.prefix")
+            admitted = prefix is not None and await self.add_to_engine(self._admit_with_prefix, request, *prefix)
             if not admitted:
-                await self.compute.call(self.engine.add_request, request.request_id, request.prompt_token_ids,
-                                        request.sampling, request.output_token_ids, request.arrival_time or None)
+                await self.add_to_engine(self.engine.add_request, request.request_id, request.prompt_token_ids,
+                                         request.sampling, request.output_token_ids, request.arrival_time or None)
         except ValueError as exc:  # does not fit this model: the client's fault, not retryable
             await self.publish_error(request, "bad_request", str(exc), retryable=False)
             self.forget(request.request_id)
@@ -82,9 +84,16 @@ class PrefillWorker(Worker):
             return
         self.has_work.set()
 
-    async def fetch_prefix(self, request) -> tuple | None:
+    async def fetch_prefix(self, request, num_cached_blocks_hint: int = 1) -> tuple | None:
         """(kv_data, num_tokens) of the prompt's leading full blocks from the store, when the store
-        holds more of them than this worker's own pool; None to compute (or hit locally) instead."""
+        holds more of them than this worker's own pool; None to compute (or hit locally) instead.
+
+        A hint of 0 (the balancer knows of no block of this prompt in this pool or the store) skips
+        the store: a Redis round trip on every new prompt's way to its first token. The balancer's
+        index may lag behind the store, and such a miss costs a recompute, never a wrong token; the
+        pool's own blocks are still matched at admission."""
+        if num_cached_blocks_hint <= 0:
+            return None
         block_size = self.settings.block_size
         tokens = request.all_token_ids
         hashes = hash_full_blocks(tokens, block_size)[: (len(tokens) - 1) // block_size]  # >= 1 token left
@@ -120,6 +129,9 @@ class PrefillWorker(Worker):
 
     async def after_step(self, outputs: list) -> None:
         await self.publish_outputs(outputs)  # first tokens go out before any KV is copied: TTFT
+        if trace.enabled():
+            for out in outputs:
+                trace.hop(out.request_id, "pw.published")
         pinned = [o for o in outputs if o.finish_reason is None and o.request_id in self.requests]
         prefilled, pool_changes = await self.compute.call(self._take_prefilled, [o.request_id for o in pinned])
         await self.publish_pool_changes(*pool_changes)

@@ -2,12 +2,12 @@
 `ferry up` (one process per service, loopback only, every wait bounded).
 
 Admission is the gateway's `FERRY_MAX_INFLIGHT`: a request over it gets 429 + Retry-After at once,
-before any bus or model work. The prefill balancer's own 'overloaded' reply does not fire here:
-workers report only the prefill tokens their engine holds (not the JetStream backlog), and the
-balancer counts what it routed since each report, so it refuses only when more than
-`max_queued_tokens` arrive within one report interval. With every request first passing a gateway,
-the gateways' `max_inflight` (summed over replicas) bounds the work in the system, which suffices
-as the admission bound; the balancer's check is a second line for gateways configured too wide.
+before any bus or model work and before its prompt is tokenized. The prefill balancer's own
+'overloaded' reply does not fire here: 4 admitted short prompts are far below its
+`max_queued_tokens` (it counts each worker's engine queue, its JetStream backlog and what was routed
+since its report). With every request first passing a gateway, the gateways' `max_inflight` (summed
+over replicas) bounds the work in the system; the balancer's check is a second line for gateways
+configured too wide.
 
 Shown: rejected requests get 429 with Retry-After (never 500, never hang); every admitted request
 completes; the gateway's and workers' resident memory stays bounded; the same requests take about
@@ -33,12 +33,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ADMIT = 4
 """FERRY_MAX_INFLIGHT: requests the gateway admits at once."""
 BURST = 10 * ADMIT
-MAX_TOKENS = 400
+MAX_TOKENS = 600
+"""Long enough that the burst lasts through the probes (with 400, probes of ~1.3 s let the burst
+clients get only ~90 429s in: too few to prove anything)."""
 RETRY_PAUSE_S = 0.25
 """Burst clients retry after this, a quarter of the Retry-After they get (1 s): 40 clients -> ~160
-requests/s at the gateway. Hammering at 0.1 s (~400/s) measured 1.9x-3.1x on the shared 2-core box:
-each 429 still costs the gateway a FastAPI body parse + tokenization on the event loop that also
-relays the admitted requests' tokens (see the report: admission in the ASGI layer would be cheaper)."""
+requests/s at the gateway. Hammering at 0.1 s (~400/s) measured 1.9x-3.1x on the shared 2-core box
+(when a 429 still tokenized the prompt): each 429 costs the gateway a FastAPI body parse on the event
+loop that also relays the admitted requests' tokens (admission in the ASGI layer would be cheaper)."""
 REQUEST_TIMEOUT_S = 30.0
 """Bound on one HTTP request: a hang fails the test instead of blocking CI."""
 RSS_BOUND_MIB = 16

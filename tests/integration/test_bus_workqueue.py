@@ -56,6 +56,27 @@ async def test_fetch_returns_what_is_queued_up_to_the_limit(js):
     assert info.state.messages == 0
 
 
+async def test_num_pending_counts_queued_work_not_yet_pulled(js):
+    """What a worker reports as its backlog: the balancers see work it has not pulled."""
+    await ensure_work_stream(js)
+    consumer = await ensure_work_consumer(js, "prefill", "w-backlog")
+    try:
+        assert await consumer.num_pending() == 0
+        await queue(js, "w-backlog", 5)
+        assert await consumer.num_pending() == 5
+        pulled = await consumer.fetch(2, Cancel)
+        assert await consumer.num_pending() == 3  # pulled but not yet acked is no longer pending
+        for item in pulled:
+            await item.ack()
+        assert await consumer.num_pending() == 3
+        for item in await consumer.fetch(8, Cancel):
+            await item.ack()
+        assert await consumer.num_pending() == 0
+    finally:
+        await consumer.close()
+        await delete_work_consumer(js, "prefill", "w-backlog")
+
+
 async def test_each_worker_sees_only_its_own_work(js):
     await ensure_work_stream(js)
     a = await ensure_work_consumer(js, "prefill", "wa")

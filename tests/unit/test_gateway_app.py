@@ -133,3 +133,39 @@ def test_a_valid_request_without_a_bus_is_a_503(client):
     error = assert_error(client.post("/v1/chat/completions", json=chat()), 503, None, "bus_unavailable")
     assert "message bus" in error["message"]
     assert_error(client.post("/v1/completions", json=completion(stream=True)), 503, None, "bus_unavailable")
+
+
+class CountingTokenizer:
+    """The model's tokenizer, counting the prompts it encodes."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.num_encodes = 0
+
+    def encode(self, text, add_special_tokens=True):
+        self.num_encodes += 1
+        return self.inner.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids, skip_special_tokens=True):
+        return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        return self.inner.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+
+
+def test_a_full_gateway_answers_429_without_tokenizing_the_prompt(tmp_path):
+    """At its in-flight limit the gateway turns requests away before the tokenizer or the chat
+    template runs, so a flood of retries costs it next to nothing."""
+    model_dir = make_model(tmp_path / "tiny-llama", "llama", "tiny")
+    settings = GatewaySettings(model=str(model_dir), gateway_id="gw-full", max_inflight=1, retry_after_s=2)
+    info = load_model_info(settings.model)
+    tokenizer = CountingTokenizer(info.tokenizer)
+    bus = GatewayBus("gw-full")
+    bus.tracker.open("a-request-in-flight")
+    with TestClient(create_app(settings, tokenizer, model_limits(settings, info), bus)) as client:
+        body = {"model": "tiny-llama", "prompt": "hello world " * 50}
+        response = client.post("/v1/completions", json=body)
+        assert_error(response, 429, None, "overloaded")
+        assert response.headers["retry-after"] == "2"
+        assert_error(client.post("/v1/chat/completions", json=chat(model="tiny-llama")), 429, None, "overloaded")
+    assert tokenizer.num_encodes == 0

@@ -43,6 +43,13 @@ def test_batch_cap_is_enforced_counting_routed_sequences():
     assert routed[2] == "overloaded"
 
 
+def test_hand_offs_waiting_in_jetstream_count_against_the_batch_cap():
+    view = view_of(a=dict(num_running=6, num_backlog=2), b=dict(num_running=7))
+    assert choose_decode_worker(view.routable(0.0), 10, CONFIG).worker_id == "b"
+    view = view_of(a=dict(num_running=6, num_backlog=2), b=dict(num_running=7, num_backlog=1))
+    assert choose_decode_worker(view.routable(0.0), 10, CONFIG).reason == "overloaded"
+
+
 def test_worker_without_enough_free_blocks_is_skipped():
     view = view_of(a=dict(kv_blocks_used=98), b=dict(kv_blocks_used=50, num_running=7))
     choice = choose_decode_worker(view.routable(0.0), 64, CONFIG)  # needs 5 blocks

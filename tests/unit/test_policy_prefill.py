@@ -79,6 +79,19 @@ def test_full_workers_mean_overloaded_with_retry_after():
     assert (choice.worker_id, choice.reason, choice.retry_after_s) == (None, "overloaded", 1.0)
 
 
+def test_work_waiting_in_jetstream_counts_so_backlogged_workers_mean_overloaded():
+    """A worker pulls only what fits its next steps; the rest waits in its JetStream queue, which
+    its report counts in messages. Without them a backlogged worker looks nearly idle."""
+    view = WorkerView("prefill")
+    view.update(report("a", num_queued_prefill_tokens=200, num_backlog=9), now=0.0)
+    view.update(report("b", num_queued_prefill_tokens=300, num_backlog=1), now=0.0)
+    choice = choose_prefill_worker(view.routable(0.0), 10, CONFIG, mean_prompt_tokens=100)
+    assert choice.worker_id == "b"  # a: 200 + 9 * 100 queued, b: 300 + 100
+    view.update(report("b", num_queued_prefill_tokens=300, num_backlog=7), now=0.0)
+    choice = choose_prefill_worker(view.routable(0.0), 10, CONFIG, mean_prompt_tokens=100)
+    assert (choice.worker_id, choice.reason) == (None, "overloaded")
+
+
 def test_idle_worker_takes_a_prompt_longer_than_the_queue_cap():
     view = view_of(a=0)
     assert choose_prefill_worker(view.routable(0.0), 5000, CONFIG).worker_id == "a"

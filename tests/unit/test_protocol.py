@@ -78,7 +78,7 @@ SAMPLES = {
     "load": LoadReport(
         worker_id="d-2", role="decode", model="demo", kv_namespace="llama-fp32-v1-abc",
         timestamp=1700000001.0, interval_s=0.5, num_running=12, num_waiting=3,
-        num_queued_prefill_tokens=0, kv_blocks_used=100, kv_blocks_total=400, max_running=64,
+        num_queued_prefill_tokens=0, kv_blocks_used=100, kv_blocks_total=400, max_running=64, num_backlog=5,
     ),
     "kv_event": KvEvent(kind="stored", kv_namespace="llama-fp32-v1-abc", where="store",
                         block_hashes=_HASHES[:2], timestamp=1700000002.0),

@@ -98,8 +98,9 @@ class WorkItem(Generic[M]):
 class WorkConsumer:
     """A worker's bound pull subscription on its durable consumer."""
 
-    def __init__(self, psub: JetStreamContext.PullSubscription, name: str) -> None:
+    def __init__(self, psub: JetStreamContext.PullSubscription, name: str, js: JetStreamContext) -> None:
         self._psub = psub
+        self._js = js
         self.name = name
         self.num_bad = 0
         """Messages that did not decode; terminated, never returned."""
@@ -131,6 +132,11 @@ class WorkConsumer:
             return None
         return WorkItem(msg=msg, raw=raw, num_delivered=raw.metadata.num_delivered)
 
+    async def num_pending(self, timeout_s: float = 0.5) -> int:
+        """Messages queued for this consumer and not delivered yet (JetStream's count; one API request)."""
+        info = await self._js.consumer_info(subjects.WORK_STREAM, self.name, timeout=timeout_s)
+        return info.num_pending
+
     async def close(self) -> None:
         """Stop pulling; the durable consumer and its queued work stay on the server."""
         await self._psub.unsubscribe()
@@ -157,7 +163,7 @@ async def ensure_work_consumer(
     )
     await js.add_consumer(subjects.WORK_STREAM, config)  # with a name: create, or update if it exists
     psub = await js.pull_subscribe_bind(durable=name, stream=subjects.WORK_STREAM)
-    return WorkConsumer(psub, name)
+    return WorkConsumer(psub, name, js)
 
 
 async def delete_work_consumer(js: JetStreamContext, role: str, worker_id: str) -> bool:

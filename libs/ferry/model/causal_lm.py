@@ -8,6 +8,7 @@ from torch import nn
 
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
+from ferry.model.cpu_linear import Linear
 from ferry.model.dense_attention import GQAttention
 from ferry.model.kv_cache import PagedKVCache
 from ferry.model.layers import GatedMLP, RMSNorm
@@ -62,7 +63,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = Backbone(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self.rotary = make_rotary(cfg)
 
@@ -76,6 +77,12 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if module is not self and hasattr(module, "fuse"):
                 module.fuse()
+
+    def prepack_cpu_weights(self) -> None:
+        """After fuse_projections, on the CPU: every weight matmul gets oneDNN's packed copy (cpu_linear)."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "prepack"):
+                module.prepack()
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

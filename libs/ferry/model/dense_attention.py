@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ferry.kernels import (CHUNK_MAX_TOKENS, decode_plan, fused_chunk_attention, fused_decode_enabled,
@@ -11,6 +10,7 @@ from ferry.kernels import (CHUNK_MAX_TOKENS, decode_plan, fused_chunk_attention,
                            use_triton, write_kv)
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
+from ferry.model.cpu_linear import FusedProjection, Linear
 from ferry.model.kv_cache import PagedKVCache
 from ferry.model.layers import fuse_linears
 from ferry.model.rope import apply_rotary
@@ -49,20 +49,24 @@ class GQAttention(nn.Module):
         self.layer, self.window = layer, cfg.window(layer)
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.head_dim ** -0.5
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
-        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.q_proj = Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        self.qkv: FusedProjection | None = None
 
     def fuse(self) -> None:
         self.qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+
+    def prepack(self) -> None:
+        if self.qkv is not None:
+            self.qkv.prepack()
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.qkv is None:
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         kv_width = self.num_kv_heads * self.head_dim
-        return F.linear(x, *self.qkv).split([self.num_heads * self.head_dim, kv_width, kv_width], dim=-1)
+        return self.qkv(x).split([self.num_heads * self.head_dim, kv_width, kv_width], dim=-1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 meta: AttentionMetadata, kv: PagedKVCache) -> torch.Tensor:

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ferry.model.cpu_linear import FusedProjection, Linear
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -20,7 +22,7 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+def fuse_linears(*linears: nn.Linear) -> FusedProjection:
     """Concatenates the weights (and biases) of linears sharing an input into one matrix and re-points
     each linear's parameters at its slice, so one matmul serves all and no memory is duplicated."""
     weight = torch.cat([lin.weight.detach() for lin in linears])
@@ -30,10 +32,11 @@ def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None
     for lin in linears:
         end = start + lin.out_features
         lin.weight = nn.Parameter(weight[start:end], requires_grad=False)
+        lin.is_fused = True
         if bias is not None:
             lin.bias = nn.Parameter(bias[start:end], requires_grad=False)
         start = end
-    return weight, bias
+    return FusedProjection(weight, bias)
 
 
 class GatedMLP(nn.Module):
@@ -41,16 +44,20 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
-        self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.gate_proj = Linear(hidden, intermediate, bias=bias)
+        self.up_proj = Linear(hidden, intermediate, bias=bias)
+        self.down_proj = Linear(intermediate, hidden, bias=bias)
+        self.gate_up: FusedProjection | None = None
 
     def fuse(self) -> None:
         self.gate_up = fuse_linears(self.gate_proj, self.up_proj)
 
+    def prepack(self) -> None:
+        if self.gate_up is not None:
+            self.gate_up.prepack()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden]
         if self.gate_up is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = F.linear(x, *self.gate_up).chunk(2, dim=-1)  # one matmul instead of two
+        gate, up = self.gate_up(x).chunk(2, dim=-1)  # one matmul instead of two
         return self.down_proj(F.silu(gate) * up)

@@ -55,6 +55,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     model.rotary = make_rotary(config).to(device)  # meta init left the frequencies empty
     load_weights(model, path)
     model.fuse_projections()
+    if torch.device(device).type == "cpu":
+        model.prepack_cpu_weights()
     model.eval()
     dtype_name = str(torch_dtype).removeprefix("torch.")
     fingerprint = hashlib.sha256(

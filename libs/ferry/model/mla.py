@@ -15,6 +15,7 @@ from torch import nn
 from ferry.kernels import gather_seq, prefill_attention, use_triton, write_kv
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
+from ferry.model.cpu_linear import Linear
 from ferry.model.dense_attention import cpu_decode_attention
 from ferry.model.kv_cache import PagedKVCache
 from ferry.model.layers import RMSNorm
@@ -38,15 +39,15 @@ class MLAttention(nn.Module):
         self.scale = mla_softmax_scale(cfg)
         q_out = cfg.num_heads * (self.nope + self.rope)
         if cfg.q_lora_rank is None:
-            self.q_proj = nn.Linear(cfg.hidden_size, q_out, bias=False)
+            self.q_proj = Linear(cfg.hidden_size, q_out, bias=False)
         else:
-            self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=cfg.o_bias)
+            self.q_a_proj = Linear(cfg.hidden_size, cfg.q_lora_rank, bias=cfg.o_bias)
             self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
-            self.q_b_proj = nn.Linear(cfg.q_lora_rank, q_out, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, self.rank + self.rope, bias=cfg.o_bias)
+            self.q_b_proj = Linear(cfg.q_lora_rank, q_out, bias=False)
+        self.kv_a_proj_with_mqa = Linear(cfg.hidden_size, self.rank + self.rope, bias=cfg.o_bias)
         self.kv_a_layernorm = RMSNorm(self.rank, cfg.rms_norm_eps)
-        self.kv_b_proj = nn.Linear(self.rank, cfg.num_heads * (self.nope + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * self.v_dim, cfg.hidden_size, bias=cfg.o_bias)
+        self.kv_b_proj = Linear(self.rank, cfg.num_heads * (self.nope + self.v_dim), bias=False)
+        self.o_proj = Linear(cfg.num_heads * self.v_dim, cfg.hidden_size, bias=cfg.o_bias)
 
     def _query(self, x: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "q_proj"):

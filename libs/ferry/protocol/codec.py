@@ -22,6 +22,10 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a bus message is small; block bytes never
 
 T = TypeVar("T")
 
+_EXACT_SCALARS = (int, str, bytes, bool)
+"""Item types whose lists are accepted as they are when every item has exactly that type (so no
+bool passes as an int); anything else takes the item-by-item check, which names the bad index."""
+
 _REGISTRY: dict[str, type] = {}
 _TAGS: dict[type, str] = {}
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -126,6 +130,8 @@ def _check(value: Any, hint: Any, path: str) -> Any:
         if not isinstance(value, list):
             raise ProtocolError(f"{path}: expected a list, got {_kind(value)}")
         (item,) = typing.get_args(hint)
+        if item in _EXACT_SCALARS and all(type(v) is item for v in value):
+            return value  # token ids, hashes: one pass, no per-item path string (the hot case)
         return [_check(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):

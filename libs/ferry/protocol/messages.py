@@ -119,7 +119,8 @@ class PrefillWork:
     request: GenerateRequest
     routed_at: float = 0.0
     num_cached_blocks_hint: int = 0
-    """Blocks of the prompt the balancer believed cached (its routing reason; informative)."""
+    """Blocks of the prompt the balancer believed cached on this worker or in the store (its routing
+    reason), rounded up: 0 means none known, and the worker then skips its store lookup."""
 
 
 @dataclass(slots=True)
@@ -250,9 +251,14 @@ class LoadReport:
     block_size: int = 16
     draining: bool = False
     """True while shutting down: route nothing new here."""
+    num_backlog: int = 0
+    """Work messages queued for this worker in JetStream and not pulled yet (its consumer's pending
+    count): a worker pulls only what fits its budget, so without this a balancer sees a full
+    worker's queue only until the next report and never finds every worker full ('overloaded')."""
 
     def __post_init__(self) -> None:
         _require(self.role in ROLES, "role", self.role, f"must be one of {ROLES}")
+        _require(self.num_backlog >= 0, "num_backlog", self.num_backlog, "must be >= 0")
         _require(_is_token(self.worker_id), "worker_id", self.worker_id, "must be a subject token")
         _require(self.kv_blocks_total >= 0, "kv_blocks_total", self.kv_blocks_total, "must be >= 0")
         _require(self.interval_s > 0, "interval_s", self.interval_s, "must be > 0")
