@@ -1,6 +1,7 @@
 """One comparison run: the same random `bench` checkpoint and the same seeded workload through
 
-  engine-static-padded  ferry's engine in-process, classic static batching (finished slots keep computing)
+  engine-static-padded  ferry's engine in-process, classic static batching (dense: prompts padded to the
+                        longest, finished slots keep computing)
   engine-static         ferry's engine in-process, static batching that drops finished sequences
   engine-dynamic        ferry's engine in-process, continuous batching
   ferry-up              the whole system (`ferry up`: gateway, balancers, workers over NATS, KV via Redis)
