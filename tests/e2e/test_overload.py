@@ -34,8 +34,12 @@ ADMIT = 4
 """FERRY_MAX_INFLIGHT: requests the gateway admits at once."""
 BURST = 10 * ADMIT
 MAX_TOKENS = 600
-"""Long enough that the burst lasts through the probes (with 400, probes of ~1.3 s let the burst
-clients get only ~90 429s in: too few to prove anything)."""
+"""Output tokens of the warm-up probes; the measured probes get as many as make them last about
+PROBE_TARGET_S on this machine (the burst must last through them, whatever the machine's speed:
+probes of ~0.9 s let the burst clients get only ~80 429s in, too few to prove anything)."""
+PROBE_TARGET_S = 2.5
+MAX_CONTEXT_TOKENS = 1900
+"""Cap on the scaled max_tokens: the tiny model's context is 2048, the prompt a dozen tokens."""
 RETRY_PAUSE_S = 0.25
 """Burst clients retry after this, a quarter of the Retry-After they get (1 s): 40 clients -> ~160
 requests/s at the gateway. Hammering at 0.1 s (~400/s) measured 1.9x-3.1x on the shared 2-core box
@@ -126,16 +130,16 @@ class Tally:
     """429s from the prefill balancer's 'overloaded' (the rest are the gateway's FERRY_MAX_INFLIGHT)."""
 
 
-def body(model: str, i: int) -> dict:
-    return {"model": model, "prompt": f"probe {i}: the quick brown fox jumps over", "max_tokens": MAX_TOKENS,
+def body(model: str, i: int, max_tokens: int) -> dict:
+    return {"model": model, "prompt": f"probe {i}: the quick brown fox jumps over", "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True}
 
 
-async def one(client: httpx.AsyncClient, model: str, i: int, tally: Tally) -> bool:
+async def one(client: httpx.AsyncClient, model: str, i: int, tally: Tally, max_tokens: int) -> bool:
     """One request; True when admitted (and then it must complete)."""
     started = time.monotonic()
     try:
-        response = await client.post("/v1/completions", json=body(model, i))
+        response = await client.post("/v1/completions", json=body(model, i, max_tokens))
     except (httpx.HTTPError, asyncio.TimeoutError) as exc:
         tally.bad.append(repr(exc))
         return False
@@ -150,27 +154,28 @@ async def one(client: httpx.AsyncClient, model: str, i: int, tally: Tally) -> bo
         return False
     tally.admitted += 1
     usage = response.json().get("usage", {}) if response.status_code == 200 else {}
-    if usage.get("completion_tokens") == MAX_TOKENS:
+    if usage.get("completion_tokens") == max_tokens:
         tally.completed += 1
     else:
         tally.bad.append(f"HTTP {response.status_code}: {response.text[:200]}")
     return True
 
 
-async def timed_probes(client: httpx.AsyncClient, model: str, tally: Tally) -> list[float]:
+async def timed_probes(client: httpx.AsyncClient, model: str, tally: Tally, max_tokens: int) -> list[float]:
     async def timed(i: int) -> float:
         started = time.monotonic()
-        assert await one(client, model, i, tally), f"probe {i} was not admitted"
+        assert await one(client, model, i, tally, max_tokens), f"probe {i} was not admitted"
         return time.monotonic() - started
 
     return list(await asyncio.gather(*(timed(i) for i in range(ADMIT))))
 
 
-async def burst_client(client: httpx.AsyncClient, model: str, i: int, tally: Tally, done: asyncio.Event) -> None:
+async def burst_client(client: httpx.AsyncClient, model: str, i: int, tally: Tally, done: asyncio.Event,
+                       max_tokens: int) -> None:
     """A client that retries until the probes are done, waiting a quarter of Retry-After (impatient:
     four times the retries well-behaved clients would send)."""
     while not done.is_set():
-        if not await one(client, model, 1000 + i, tally):
+        if not await one(client, model, 1000 + i, tally, max_tokens):
             await asyncio.sleep(RETRY_PAUSE_S)
 
 
@@ -178,13 +183,16 @@ async def unloaded_and_burst(system: RunningSystem, rss: RssPeak) -> tuple[list[
     alone, loaded = Tally(), Tally()
     limits = httpx.Limits(max_connections=BURST + ADMIT + 4)
     async with httpx.AsyncClient(base_url=system.base_url, timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
-        await timed_probes(client, system.model_name, Tally())  # warm-up: first-request costs out of the way
-        unloaded = await timed_probes(client, system.model_name, alone)
+        # warm-up: first-request costs out of the way, and this machine's speed for the probes' length
+        warm_s = max(await timed_probes(client, system.model_name, Tally(), MAX_TOKENS))
+        max_tokens = min(MAX_CONTEXT_TOKENS, max(MAX_TOKENS, round(MAX_TOKENS * PROBE_TARGET_S / warm_s)))
+        unloaded = await timed_probes(client, system.model_name, alone, max_tokens)
         rss.mark()  # warmed, and just served the admitted load: the pre-burst value
         done = asyncio.Event()
-        probes = asyncio.create_task(timed_probes(client, system.model_name, loaded))
+        probes = asyncio.create_task(timed_probes(client, system.model_name, loaded, max_tokens))
         await asyncio.sleep(0.2)  # the probes are admitted first (admission is on arrival, no model work)
-        burst = [asyncio.create_task(burst_client(client, system.model_name, i, loaded, done)) for i in range(BURST)]
+        burst = [asyncio.create_task(burst_client(client, system.model_name, i, loaded, done, max_tokens))
+                 for i in range(BURST)]
         under_burst = await asyncio.wait_for(probes, REQUEST_TIMEOUT_S)
         done.set()
         await asyncio.wait_for(asyncio.gather(*burst), REQUEST_TIMEOUT_S + 5)

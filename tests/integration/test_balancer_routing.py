@@ -43,11 +43,18 @@ def request(i: int, num_tokens: int = 20) -> GenerateRequest:
                            prompt_token_ids=list(range(1, num_tokens + 1)), sampling=SamplingParams())
 
 
-async def publish_reports(nc, *reports: LoadReport) -> None:
+async def publish_reports(nc, balancer, *reports: LoadReport) -> None:
+    """Publish, then wait until the balancer holds exactly these reports: its subscription runs on its
+    own connection, so a fixed sleep races it on a busy machine."""
     for r in reports:
         await nc.publish(subjects.load(r.role, r.worker_id), encode(r))
     await nc.flush()
-    await asyncio.sleep(0.1)  # the balancer's subscription runs on its own connection
+    workers = balancer.runtime.view.workers
+    for _ in range(500):
+        if all(r.worker_id in workers and workers[r.worker_id].report == r for r in reports):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the balancer did not take in {[r.worker_id for r in reports]} within 5 s")
 
 
 async def submit(nc, i: int, num_tokens: int = 20) -> SubmitReply:
@@ -98,7 +105,7 @@ async def test_submit_without_workers_says_no_workers(nc, prefill_balancer):
 
 
 async def test_burst_is_spread_over_prefill_workers_and_queued_in_jetstream(nc, js, prefill_balancer):
-    await publish_reports(nc, report("pa"), report("pb"))
+    await publish_reports(nc, prefill_balancer, report("pa"), report("pb"))
     replies = [await submit(nc, i) for i in range(6)]
     assert all(r.accepted for r in replies)
     assert sorted(r.worker_id for r in replies) == ["pa"] * 3 + ["pb"] * 3
@@ -108,17 +115,17 @@ async def test_burst_is_spread_over_prefill_workers_and_queued_in_jetstream(nc, 
 
 
 async def test_full_prefill_workers_mean_overloaded(nc, prefill_balancer):
-    await publish_reports(nc, report("pa", num_queued_prefill_tokens=1000))
+    await publish_reports(nc, prefill_balancer, report("pa", num_queued_prefill_tokens=1000))
     reply = await submit(nc, 0)
     assert (reply.accepted, reply.reason, reply.retry_after_s) == (False, "overloaded", 1.0)
 
 
 async def test_silent_prefill_workers_queue_moves_to_a_live_worker(nc, js, prefill_balancer):
     await ensure_work_consumer(js, "prefill", "dead")  # the worker made it, then died
-    await publish_reports(nc, report("dead", interval_s=0.2), report("live", num_queued_prefill_tokens=900))
+    await publish_reports(nc, prefill_balancer, report("dead", interval_s=0.2), report("live", num_queued_prefill_tokens=900))
     replies = [await submit(nc, i, num_tokens=10) for i in range(3)]
     assert [r.worker_id for r in replies] == ["dead"] * 3   # live is nearly full
-    await publish_reports(nc, report("live", num_queued_prefill_tokens=0))  # live keeps reporting
+    await publish_reports(nc, prefill_balancer, report("live", num_queued_prefill_tokens=0))  # live keeps reporting
     deadline = time.monotonic() + 5
     while prefill_balancer.runtime.num_rerouted < 3 and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
@@ -149,7 +156,7 @@ async def hand_off(nc, i: int) -> HandoffReply:
 
 
 async def test_handoffs_respect_each_decode_workers_batch_cap(nc, js, decode_balancer):
-    await publish_reports(nc, report("da", "decode", max_running=2, num_running=1),
+    await publish_reports(nc, decode_balancer, report("da", "decode", max_running=2, num_running=1),
                           report("db", "decode", max_running=3, num_running=1))
     replies = [await hand_off(nc, i) for i in range(4)]
     assert sorted(r.worker_id for r in replies[:3]) == ["da", "db", "db"]
@@ -160,7 +167,7 @@ async def test_handoffs_respect_each_decode_workers_batch_cap(nc, js, decode_bal
 
 
 async def test_decode_worker_without_free_blocks_gets_nothing(nc, decode_balancer):
-    await publish_reports(nc, report("da", "decode", kv_blocks_used=63))
+    await publish_reports(nc, decode_balancer, report("da", "decode", kv_blocks_used=63))
     reply = await hand_off(nc, 0)  # 20 tokens + the next one need 2 blocks
     assert (reply.accepted, reply.reason) == (False, "overloaded")
     assert (await nc.request(subjects.HANDOFF, b"junk", timeout=5)).data  # a bad message is answered
