@@ -17,7 +17,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NotFoundError
 
 from ferry import metrics
-from ferry.bus import publish_work
+from ferry.bus import publish_work, raise_if_cancelled
 from ferry.protocol import LoadReport, ProtocolError, decode, subjects
 from ferry_services.prefill_balancer.view import WorkerView
 
@@ -75,6 +75,7 @@ class BalancerRuntime:
 
     async def _tick_forever(self, rerouter: Rerouter) -> None:
         while not self._stopping:
+            raise_if_cancelled()
             await asyncio.sleep(self.tick_s)
             try:
                 await self.tick(rerouter)

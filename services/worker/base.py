@@ -19,7 +19,7 @@ from nats.aio.client import Client
 from nats.js.errors import ServiceUnavailableError
 
 from ferry import metrics
-from ferry.bus import Service, WorkConsumer, WorkItem, ensure_work_consumer, trace
+from ferry.bus import Service, WorkConsumer, WorkItem, ensure_work_consumer, raise_if_cancelled, trace
 from ferry.protocol import Cancel, ErrorEvent, GenerateRequest, LoadReport, OutputBatch, encode, subjects
 from ferry_services.worker.compute import ComputeThread
 from ferry_services.worker.events import batch_by_gateway
@@ -94,6 +94,7 @@ class Worker(abc.ABC):
     # ---- the engine loop ---------------------------------------------------------------------
     async def engine_loop(self) -> None:
         while True:
+            raise_if_cancelled()
             if not self.num_adding and not self.engine.has_unfinished_requests():
                 self.has_work.clear()
                 await self.has_work.wait()
@@ -148,6 +149,7 @@ class Worker(abc.ABC):
     async def pull_loop(self) -> None:
         assert self.consumer is not None, "start() first"
         while not self.draining:
+            raise_if_cancelled()
             budget = self.pull_budget()
             if budget <= 0:
                 self.has_room.clear()
@@ -244,6 +246,7 @@ class Worker(abc.ABC):
     async def report_loop(self) -> None:
         last_lease = time.monotonic()
         while True:
+            raise_if_cancelled()  # its JetStream requests go through asyncio.wait_for
             await self.refresh_backlog()
             await self.publish_report()
             if time.monotonic() - last_lease > self.settings.ack_wait_s / 3:

@@ -99,7 +99,8 @@ class System:
     async def stop(self) -> None:
         for task in self.tasks:
             task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        _, pending = await asyncio.wait(self.tasks, timeout=10) if self.tasks else (set(), set())
+        assert not pending, f"background loops ignored their cancellation: {pending}"
         for worker in self.workers.values():
             worker.compute.close()
         for stop in self.stoppers:

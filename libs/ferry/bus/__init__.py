@@ -4,7 +4,7 @@ See docs/internals.md ("Bus") for the API and the entry-point pattern every serv
 """
 
 from ferry.bus.connect import connect, drain_or_close
-from ferry.bus.runner import run_service
+from ferry.bus.runner import raise_if_cancelled, run_service
 from ferry.bus.service import BusError, EndpointStats, Service
 from ferry.bus.workqueue import (
     WorkConsumer,
@@ -17,7 +17,7 @@ from ferry.bus.workqueue import (
 )
 
 __all__ = [
-    "connect", "drain_or_close", "run_service", "BusError", "EndpointStats", "Service", "WorkConsumer", "WorkItem",
+    "connect", "drain_or_close", "raise_if_cancelled", "run_service", "BusError", "EndpointStats", "Service", "WorkConsumer", "WorkItem",
     "delete_work_consumer", "ensure_work_consumer", "ensure_work_stream", "publish_work",
     "work_stream_config",
 ]

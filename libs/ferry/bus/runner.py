@@ -24,6 +24,19 @@ log = logging.getLogger("ferry.bus")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def raise_if_cancelled() -> None:
+    """Raise CancelledError if the running task was cancelled and something swallowed it.
+
+    On Python < 3.12, `asyncio.wait_for` (which nats-py's requests and fetches use) can swallow a
+    cancellation that lands just as its inner await completes (CPython gh-86296): the awaiting loop
+    then runs on, and whoever cancelled it and awaits it (shutdown, a test teardown) waits forever.
+    A background loop calls this once per iteration; Task.cancelling() still counts the request."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    if cancelling is not None and cancelling():
+        raise asyncio.CancelledError
+
+
 async def run_service(
     nc: Client,
     service: Service,
