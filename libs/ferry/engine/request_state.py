@@ -38,21 +38,17 @@ class RequestState:
         """Add a sampled token; decide whether the request is finished; return its output."""
         seq = self.seq
         seq.token_ids.append(token_id)
-        if self._detok is None:  # token ids only: no text, so no stop string can match either
-            finish = "stop" if token_id in self._stop_ids else "length" if seq.num_tokens >= self._max_len else None
-            seq.finish_reason = finish
-            return self.output([token_id], "", [logprob] if logprob is not None else None)
         finish = None
         if token_id in self._stop_ids:
             # the stop token's own text is not emitted
-            tail, hit = self._stops.add(self._detok.flush())
+            tail, hit = self._stops.add(self._detok.flush() if self._detok else "")
             finish, text = "stop", tail if hit else tail + self._stops.flush()
         else:
-            text, hit = self._stops.add(self._detok.add([token_id]))
+            text, hit = self._stops.add(self._detok.add([token_id]) if self._detok else "")
             finish = "stop" if hit else None
         if finish is None and seq.num_tokens >= self._max_len:
             finish = "length"
-            tail, hit = self._stops.add(self._detok.flush())
+            tail, hit = self._stops.add(self._detok.flush() if self._detok else "")
             text += tail if hit else tail + self._stops.flush()
             finish = "stop" if hit else finish
         seq.finish_reason = finish
