@@ -24,6 +24,7 @@ from ferry.kernels.attention_ref import (
 )
 from ferry.kernels.cpu_decode import (
     CHUNK_MAX_TOKENS,
+    cpu_kernels_enabled,
     fused_chunk_attention,
     fused_decode_enabled,
     fused_paged_decode_attention,
@@ -35,6 +36,6 @@ def use_triton(t: torch.Tensor) -> bool:
     return choice == "triton" or (choice == "auto" and t.is_cuda)
 
 
-__all__ = ["CHUNK_MAX_TOKENS", "causal_mask", "decode_plan", "fused_chunk_attention", "fused_decode_enabled",
+__all__ = ["CHUNK_MAX_TOKENS", "causal_mask", "cpu_kernels_enabled", "decode_plan", "fused_chunk_attention", "fused_decode_enabled",
            "fused_paged_decode_attention", "gather_seq", "paged_decode_attention", "prefill_attention", "use_triton",
            "write_kv"]

@@ -95,9 +95,15 @@ def _first_error(message: str) -> str:
     return next((line for line in lines if "error" in line.lower()), lines[-1])
 
 
+def cpu_kernels_enabled() -> bool:
+    """The switch of every CPU fast path (this kernel, ferry.model.cpu_linear's packed weights):
+    FERRY_CPU_KERNELS=0 forces plain torch, read per call so a benchmark can switch."""
+    return os.environ.get("FERRY_CPU_KERNELS", "1") != "0"
+
+
 def fused_decode_enabled() -> bool:
-    """FERRY_CPU_KERNELS=0 forces the plain-torch reference (read per call, so a benchmark can switch)."""
-    return os.environ.get("FERRY_CPU_KERNELS", "1") != "0" and kernel() is not None
+    """The fused kernel is switched on (cpu_kernels_enabled) and built."""
+    return cpu_kernels_enabled() and kernel() is not None
 
 
 def fused_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

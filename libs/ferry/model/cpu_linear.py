@@ -12,20 +12,16 @@ torch without oneDNN means plain F.linear.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ferry.kernels import cpu_kernels_enabled
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 PACK_HINT_ROWS = 16
 """oneDNN picks its packed layout for this many input rows; any row count works with it (measured: 16
 was within noise of the best layout from 1 to 256 rows)."""
-
-
-def cpu_kernels_enabled() -> bool:
-    return os.environ.get("FERRY_CPU_KERNELS", "1") != "0"
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor | None:
