@@ -51,11 +51,8 @@ def start_both(args: argparse.Namespace) -> dict[str, tuple]:
     """{'baseline': (process, url), 'this': (process, url)}; PYTHONPATH is set for the first only."""
     system_args = argparse.Namespace(prefill_workers=1, decode_workers=1, torch_threads=args.torch_threads)
     tmp = Path(tempfile.mkdtemp(prefix="ferry-ab-"))
-    os.environ["PYTHONPATH"] = str(args.baseline)
-    try:
-        baseline = start_system(args.model, tmp / "baseline", system_args)
-    finally:
-        del os.environ["PYTHONPATH"]
+    baseline = start_system(args.model, tmp / "baseline", system_args,
+                            env={**os.environ, "PYTHONPATH": str(args.baseline)})
     return {"baseline": baseline, "this": start_system(args.model, tmp / "this", system_args)}
 
 

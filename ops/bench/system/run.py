@@ -109,7 +109,10 @@ def make_engine(model: Path, threads: int | None):
 
 
 # ---- the system over HTTP ----------------------------------------------------------------------
-def start_system(model: Path, run_dir: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+def start_system(model: Path, run_dir: Path, args: argparse.Namespace,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """`ferry up` with ENGINE_ARGS (the in-process engine's settings) and args' worker counts and threads;
+    env: its environment (default: this process's)."""
     port = free_port()
     cmd = [sys.executable, "-m", "ferry.cli", "up", "--model", str(model), "--port", str(port),
            "--prefill-workers", str(args.prefill_workers), "--decode-workers", str(args.decode_workers),
@@ -117,7 +120,7 @@ def start_system(model: Path, run_dir: Path, args: argparse.Namespace) -> tuple[
            "--max-batch-tokens", str(ENGINE_ARGS["max_num_batched_tokens"]), "--run-dir", str(run_dir)]
     if args.torch_threads:
         cmd += ["--torch-threads", str(args.torch_threads)]
-    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     for line in process.stdout:
         print("  " + line.rstrip(), flush=True)
         if "ferry up: ready" in line:

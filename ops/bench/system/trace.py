@@ -17,19 +17,17 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-from run import engine_ttft, make_engine
+from run import engine_ttft, make_engine, start_system
 
 from ferry.bench.http_client import build_body, stream_completion
 from ferry.bench.online import make_calls
 from ferry.bench.workload import WorkloadConfig, make_workload
-from ferry.launcher.servers import free_port
 
 HOPS = ["client.send", "client.write", "gw.asgi", "gw.http", "gw.submit", "pb.submit", "pb.routed",
         "pw.pulled", "pw.prefix", "pw.step_start", "pw.step_end", "pw.published", "gw.event", "gw.sse", "client.first"]
@@ -52,20 +50,6 @@ def stamp_socket_writes() -> list[float]:
 
 
 WRITES = stamp_socket_writes()
-
-
-def start(model: Path, trace_file: Path, threads: int | None) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "ferry.cli", "up", "--model", str(model), "--port", str(port),
-           "--run-dir", tempfile.mkdtemp(prefix="ferry-trace-")]
-    if threads:
-        cmd += ["--torch-threads", str(threads)]
-    env = {**os.environ, "FERRY_TRACE_FILE": str(trace_file)}
-    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    for line in process.stdout:
-        if "ferry up: ready" in line:
-            return process, f"http://127.0.0.1:{port}"
-    raise SystemExit("ferry up did not become ready")
 
 
 async def send_all(base_url: str, model_name: str, num_requests: int, seed: int, engine=None) -> list[dict]:
@@ -142,7 +126,9 @@ def main() -> int:
     args = p.parse_args()
     engine = make_engine(args.model, args.torch_threads) if args.engine else None
     trace_file = Path(tempfile.mkdtemp(prefix="ferry-trace-")) / "hops.jsonl"
-    process, base_url = start(args.model, trace_file, args.torch_threads)
+    workers = argparse.Namespace(prefill_workers=1, decode_workers=1, torch_threads=args.torch_threads)
+    process, base_url = start_system(args.model, trace_file.parent / "run", workers,
+                                     env={**os.environ, "FERRY_TRACE_FILE": str(trace_file)})
     try:
         asyncio.run(send_all(base_url, args.model.name, 2, 10**6))  # warm-up
         trace_file.write_text("")
