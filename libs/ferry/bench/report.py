@@ -75,7 +75,8 @@ def build_report(meta: dict, phases: list[PhaseResult]) -> dict:
     }
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
+def fmt(value: float | None, digits: int = 1) -> str:
+    """A figure for a markdown table: `digits` decimals, "–" when missing (None or NaN)."""
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
@@ -89,12 +90,12 @@ def markdown_summary(report: dict, plot_names: list[str]) -> str:
              "| ITL p99 | E2E p99 | mean batch |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in report["summary"]:
-        offered = "all at once" if s["all_at_once"] else _fmt(s["offered_rps"], 2)
+        offered = "all at once" if s["all_at_once"] else fmt(s["offered_rps"], 2)
         lines.append(
-            f"| {s['name']} | {offered} | {s['num_ok']}/{s['num_requests']} | {_fmt(s['output_tokens_per_s'])} "
-            f"| {_fmt(s['requests_per_s'], 2)} | {_fmt(s['ttft_ms']['p50'])} | {_fmt(s['ttft_ms']['p99'])} "
-            f"| {_fmt(s['tpot_ms']['p50'])} | {_fmt(s['tpot_ms']['p99'])} | {_fmt(s['itl_ms']['p99'])} "
-            f"| {_fmt(s['e2e_ms']['p99'])} | {_fmt(s['mean_batch_size'])} |")
+            f"| {s['name']} | {offered} | {s['num_ok']}/{s['num_requests']} | {fmt(s['output_tokens_per_s'])} "
+            f"| {fmt(s['requests_per_s'], 2)} | {fmt(s['ttft_ms']['p50'])} | {fmt(s['ttft_ms']['p99'])} "
+            f"| {fmt(s['tpot_ms']['p50'])} | {fmt(s['tpot_ms']['p99'])} | {fmt(s['itl_ms']['p99'])} "
+            f"| {fmt(s['e2e_ms']['p99'])} | {fmt(s['mean_batch_size'])} |")
     lines += ["", "Latencies in ms. TPOT = (last token - first token) / (tokens - 1) per request; "
               "ITL = gaps between streamed chunks.", ""]
     silent = [f"{s['name']}: {s['num_ok_without_streamed_text']}" for s in report["summary"]

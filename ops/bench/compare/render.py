@@ -11,6 +11,8 @@ from pathlib import Path
 
 import ratios as r
 
+from ferry.bench.report import fmt
+
 FIGURE_COLUMNS = (("output_tokens_per_s", "output tok/s"), ("requests_per_s", "req/s"), ("ttft_ms.p50", "TTFT p50"),
                   ("ttft_ms.p99", "TTFT p99"), ("tpot_ms.p50", "TPOT p50"), ("tpot_ms.p99", "TPOT p99"),
                   ("e2e_ms.p99", "E2E p99"))
@@ -86,17 +88,13 @@ def ratio_tables(pairs: list[dict]) -> list[str]:
     return lines
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
-
-
 def figures_table(systems: dict[str, dict[str, dict]]) -> list[str]:
     lines = ["| system | clock | phase | ok/total | out tokens | " + " | ".join(l for _, l in FIGURE_COLUMNS) + " |",
              "|---|---|---|---|---|" + "---|" * len(FIGURE_COLUMNS)]
     for name in [s for s in r.SYSTEMS if s in systems]:
         for phase, s in systems[name].items():
             ok = f"{s.get('num_ok', s.get('num_requests'))}/{s.get('num_requests')}"
-            cells = [_fmt(r.figure(s, key), 2 if key == "requests_per_s" else 1) for key, _ in FIGURE_COLUMNS]
+            cells = [fmt(r.figure(s, key), 2 if key == "requests_per_s" else 1) for key, _ in FIGURE_COLUMNS]
             lines.append(f"| {name} | {r.CLOCKS[name]} | {phase} | {ok} | {s.get('output_tokens', '–')} | "
                          + " | ".join(cells) + " |")
     return lines
