@@ -47,6 +47,7 @@ class BalancerRuntime:
 
     async def start(self, rerouter: Rerouter) -> None:
         await self.nc.subscribe(subjects.load_role(self.role), cb=self._on_load)
+        await self.nc.flush()  # the server has the subscription: no report published after start() is missed
         self._tasks.append(asyncio.create_task(self._tick_forever(rerouter)))
 
     async def stop(self) -> None:
