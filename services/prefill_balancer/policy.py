@@ -60,6 +60,20 @@ def prefill_cost(num_tokens: int, num_cached_tokens: int = 0) -> PrefillCost:
     return PrefillCost(tokens=num_tokens - cached, attention=(num_tokens**2 - cached**2) / 2)
 
 
+PROMPT_EMA = 0.05
+"""Weight of each new prompt in the running mean prompt length."""
+
+
+def next_mean_prompt_tokens(mean: float, num_tokens: int, config: PrefillPolicyConfig) -> float:
+    """The running mean prompt length after one more routed prompt of `num_tokens`.
+
+    It prices every message waiting in a JetStream queue, so one sample counts for at most
+    `max_queued_tokens` (what one worker may queue at all): an absurd prompt sent straight onto the
+    bus would otherwise price each waiting message above the cap and make a worker with a single
+    queued message look full ('overloaded') for hundreds of requests."""
+    return mean + PROMPT_EMA * (min(num_tokens, config.max_queued_tokens) - mean)
+
+
 def backlog_tokens(state: WorkerState, mean_prompt_tokens: float = 0.0) -> float:
     """Prompt tokens of the messages waiting in JetStream for the worker: it has not pulled them,
     so its report counts messages, not tokens; each is taken at the recent mean prompt length."""

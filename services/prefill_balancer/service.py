@@ -26,15 +26,16 @@ from ferry.protocol import (
     subjects,
 )
 from ferry_services.prefill_balancer.prefix_index import PrefixIndex
-from ferry_services.prefill_balancer.policy import PrefillChoice, PrefillPolicyConfig, choose_prefill_worker
+from ferry_services.prefill_balancer.policy import (
+    PrefillChoice,
+    PrefillPolicyConfig,
+    choose_prefill_worker,
+    next_mean_prompt_tokens,
+)
 from ferry_services.prefill_balancer.runtime import BalancerRuntime
 from ferry_services.prefill_balancer.settings import PrefillBalancerSettings
 
 log = logging.getLogger(__name__)
-
-PROMPT_EMA = 0.05
-"""Weight of each new prompt in the running mean prompt length."""
-
 
 class PrefillBalancer:
     def __init__(self, nc: Client, settings: PrefillBalancerSettings) -> None:
@@ -95,11 +96,11 @@ class PrefillBalancer:
     async def submit(self, submit: SubmitRequest) -> SubmitReply:
         request = submit.request
         trace.hop(request.request_id, "pb.submit")
-        num_tokens = len(request.all_token_ids)
-        self.mean_prompt_tokens += PROMPT_EMA * (num_tokens - self.mean_prompt_tokens)
         choice = self.choose(request.all_token_ids, request.model)
         if choice.worker_id is None:
             return SubmitReply(request.request_id, False, reason=choice.reason, retry_after_s=choice.retry_after_s)
+        self.mean_prompt_tokens = next_mean_prompt_tokens(self.mean_prompt_tokens, len(request.all_token_ids),
+                                                          self.config)
         work = PrefillWork(request, routed_at=time.time(), num_cached_blocks_hint=self.cached_blocks_hint(choice))
         trace.hop(request.request_id, "pb.routed")
         await self.runtime.publish_work(choice.worker_id, work)

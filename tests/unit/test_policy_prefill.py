@@ -5,6 +5,7 @@ import pytest
 from ferry_services.prefill_balancer.policy import (
     PrefillPolicyConfig,
     choose_prefill_worker,
+    next_mean_prompt_tokens,
     prefill_cost,
     queued_load,
 )
@@ -90,6 +91,27 @@ def test_work_waiting_in_jetstream_counts_so_backlogged_workers_mean_overloaded(
     view.update(report("b", num_queued_prefill_tokens=300, num_backlog=7), now=0.0)
     choice = choose_prefill_worker(view.routable(0.0), 10, CONFIG, mean_prompt_tokens=100)
     assert (choice.worker_id, choice.reason) == (None, "overloaded")
+
+
+def test_one_absurd_prompt_does_not_make_a_single_queued_message_fill_a_worker():
+    """Regression (CI, test_faults): a 900k-token prompt published straight onto `ferry.submit`
+    moved the uncapped mean to 45k tokens, so every worker with one message in JetStream priced it
+    above the cap and normal requests got 429 'overloaded' for the next hundred requests."""
+    config = PrefillPolicyConfig()  # max_queued_tokens 32768
+    mean = 0.0
+    for num_tokens in [200] * 50 + [900_000]:
+        mean = next_mean_prompt_tokens(mean, num_tokens, config)
+    assert mean < 0.1 * config.max_queued_tokens
+    view = WorkerView("prefill")
+    view.update(report("a", num_queued_prefill_tokens=200, num_backlog=1), now=0.0)
+    assert choose_prefill_worker(view.routable(0.0), 200, config, mean_prompt_tokens=mean).worker_id == "a"
+
+
+def test_mean_prompt_length_follows_the_traffic():
+    mean = 0.0
+    for _ in range(200):
+        mean = next_mean_prompt_tokens(mean, 300, CONFIG)
+    assert mean == pytest.approx(300, rel=1e-3)
 
 
 def test_idle_worker_takes_a_prompt_longer_than_the_queue_cap():
