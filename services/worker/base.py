@@ -189,6 +189,21 @@ class Worker(abc.ABC):
         held = self.requests.get(request_id)
         return request_id not in self.cancelled and (held is None or attempt > held.attempt)
 
+    def is_current(self, request: GenerateRequest) -> bool:
+        """Still held here as this very attempt: not cancelled or replaced meanwhile."""
+        return self.requests.get(request.request_id) is request
+
+    async def abort_if_gone(self, request: GenerateRequest) -> bool:
+        """After adding `request` to the engine: True (and the engine's copy aborted) when a cancel or
+        a newer attempt came in while the addition waited for the engine thread. That cancel's own
+        abort may have run first and found nothing; without this the engine would keep a sequence
+        this worker no longer tracks: its blocks never freed, and a newer attempt refused as
+        'already in the engine'."""
+        if self.is_current(request):
+            return False
+        await self.compute.call(self.engine.abort_request, request.request_id)
+        return True
+
     def is_stale(self, request_id: str, attempt: int) -> bool:
         """An older attempt than the one held here: a migrated request's leftover copy."""
         held = self.requests.get(request_id)

@@ -49,7 +49,7 @@ class DecodeWorker(Worker):
         """Fetch the blocks (overlapping the running batch's steps), then join the batch."""
         request_id = handoff.request.request_id
         data = await self.load_blocks(handoff)
-        if self.requests.get(request_id) is not handoff.request:
+        if not self.is_current(handoff.request):
             return  # cancelled (or replaced by a newer attempt) while the blocks travelled
         if data is None:
             self.num_recomputed += 1
@@ -60,6 +60,9 @@ class DecodeWorker(Worker):
             await self.publish_error(handoff.request, "bad_request", str(exc), retryable=False)
             admitted = True  # settled for good
             self.forget(request_id)
+        else:
+            if await self.abort_if_gone(handoff.request):
+                return
         if not admitted:  # no room after all (the balancer's view was stale): back to the queue
             self.forget(request_id)
             item = self.held.pop(request_id)

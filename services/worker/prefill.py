@@ -73,14 +73,18 @@ class PrefillWorker(Worker):
         try:
             prefix = await self.fetch_prefix(request, item.msg.num_cached_blocks_hint)
             trace.hop(request.request_id, "pw.prefix")
+            if not self.is_current(request):
+                return  # cancelled or replaced while the prefix travelled: settled there
             admitted = prefix is not None and await self.add_to_engine(self._admit_with_prefix, request, *prefix)
-            if not admitted:
+            if not admitted and self.is_current(request):
                 await self.add_to_engine(self.engine.add_request, request.request_id, request.prompt_token_ids,
                                          request.sampling, request.output_token_ids, request.arrival_time or None)
         except ValueError as exc:  # does not fit this model: the client's fault, not retryable
             await self.publish_error(request, "bad_request", str(exc), retryable=False)
             self.forget(request.request_id)
             await self.settle(request.request_id)
+            return
+        if await self.abort_if_gone(request):
             return
         self.has_work.set()
 

@@ -23,7 +23,7 @@ import nats
 import nats.errors
 import pytest
 
-from ferry.protocol import ErrorReply, decode, subjects
+from ferry.protocol import ErrorReply, LoadReport, decode, subjects
 from ferry.launcher.servers import free_port, start_nats, start_redis
 from ferry.launcher.up import Child, add_arguments, plan_services, spawn, stop_children, wait_ready
 
@@ -46,17 +46,41 @@ class FaultSystem:
     servers: list = field(default_factory=list)
     """[redis, nats] handles (stopped in reverse order)."""
     restarts: list[threading.Thread] = field(default_factory=list)
+    killed: set[str] = field(default_factory=set)
+    """Services SIGKILLed on purpose and not started again."""
 
     def kill(self, name: str) -> None:
         """SIGKILL one service: no drain, no goodbye, its JetStream messages stay unacked."""
         child = self.children[name]
         child.process.kill()
         child.process.wait(timeout=10)
+        self.killed.add(name)
 
     def respawn(self, name: str) -> None:
         """Start a killed service again under the same name (and worker id)."""
         child = self.children[name]
         self.children[name] = spawn(child.spec, self.run_dir)
+        self.killed.discard(name)
+
+    async def busiest(self, role: str) -> str:
+        """The service name of the `role` worker running the most sequences, from one round of
+        their load reports (so a kill is sure to hit requests, wherever the balancer put them)."""
+        names = {c.spec.worker_id: name for name, c in self.children.items()
+                 if c.spec.worker_id and c.spec.env.get("FERRY_ROLE") == role and name not in self.killed}
+        running: dict[str, int] = {}
+        nc = await nats.connect(self.servers[1].url)
+        try:
+            async def on_report(msg) -> None:
+                report = decode(msg.data, LoadReport)
+                running[report.worker_id] = report.num_running
+
+            await nc.subscribe(subjects.load_role(role), cb=on_report)
+            deadline = time.monotonic() + 10 * float(ENV["FERRY_LOAD_INTERVAL_S"])
+            while time.monotonic() < deadline and not set(names) <= set(running):
+                await asyncio.sleep(0.01)
+        finally:
+            await nc.close()
+        return names[max(names, key=lambda w: running.get(w, -1))]
 
     def restart_server(self, index: int, down_s: float) -> None:
         """Stop nats-server or redis-server, and start it again on the same port after `down_s`
@@ -230,7 +254,10 @@ def check(system: FaultSystem, table: list[Row], fault: str, outcomes: list[Outc
 
 def test_sigkill_decode_worker_mid_stream(fault_system, baseline, table):
     before = migrations(fault_system)
-    outcomes = asyncio.run(run_load(fault_system, lambda: fault_system.kill("worker-decode-0"), when_chunks=10))
+    async def kill_busiest_decode_worker() -> None:
+        fault_system.kill(await fault_system.busiest("decode"))
+
+    outcomes = asyncio.run(run_load(fault_system, kill_busiest_decode_worker, when_chunks=10))
     row = check(fault_system, table, "SIGKILL decode worker mid-stream", outcomes, baseline, before)
     assert row.migrated >= 1, "the kill hit no request: the test proved nothing"
 
@@ -362,7 +389,6 @@ def test_garbage_on_every_subject_harms_nobody(fault_system, baseline, table):
         assert not isinstance(reply, ErrorReply) or reply.code != "internal", reply
     time.sleep(1.0)  # let the last messages be handled
     dead = {name: c.process.returncode for name, c in fault_system.children.items() if c.process.poll() is not None}
-    killed = {"worker-decode-0", "worker-prefill-0"}  # by the earlier tests, on purpose
-    assert set(dead) <= killed, {n: (code, fault_system.log(n)[-2000:]) for n, code in dead.items() if n not in killed}
+    assert set(dead) <= fault_system.killed, {n: (code, fault_system.log(n)[-2000:]) for n, code in dead.items() if n not in fault_system.killed}
     outcomes = asyncio.run(run_load(fault_system))
     check(fault_system, table, "after the garbage", outcomes, baseline, before)

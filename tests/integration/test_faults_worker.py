@@ -15,7 +15,10 @@ from ferry.protocol import (Cancel, GenerateRequest, OutputBatch, SamplingParams
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-LONG = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+LONG = SamplingParams(max_tokens=800, temperature=0, ignore_eos=True)
+"""Long enough (seconds) that an attempt is still running when the test sends the next one, and
+short enough for the workers' 64-block pools (1024 tokens)."""
+GREEDY_SHORT = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 
 
 class AttemptClient:
@@ -114,3 +117,37 @@ async def full_run(system, client, nc) -> list[int]:
     assert (await client.submit(reference_request)).accepted
     await until(lambda: client.finished("ref", 0))
     return client.tokens("ref", 0)
+
+
+@pytest.mark.parametrize("where", ["fetch_prefix", "add_to_engine"])
+async def test_a_cancel_that_races_the_admission_leaves_nothing_in_the_engine(system, client, nc, where):
+    """The gateway migrates a request (Cancel below_attempt=1) while the prefill worker is still
+    admitting attempt 0: while its prefix lookup travels, or while the addition waits its turn on the
+    engine thread, where the cancel's own abort can run first and find nothing. Either way nothing
+    may stay in the engine (CI once saw attempt 1 refused: 'already in the engine', and blocks leak)."""
+    worker = system.workers["prefill-t"]
+    gate, reached = asyncio.Event(), asyncio.Event()
+    original = getattr(worker, where)
+
+    async def gated(*args):
+        reached.set()
+        await gate.wait()
+        return await original(*args)
+
+    setattr(worker, where, gated)
+    try:
+        assert (await client.submit(request(0, sampling=GREEDY_SHORT))).accepted
+        await asyncio.wait_for(reached.wait(), 10)
+        await nc.publish(subjects.CANCEL, encode(Cancel(["mig"], "migrated", below_attempt=1)))
+        await until(lambda: "mig" not in worker.requests, 10)
+        gate.set()
+        await until(lambda: not worker.held, 10)
+        await asyncio.sleep(0.3)  # a leftover would be stepped (and hold blocks) by now
+    finally:
+        setattr(worker, where, original)
+    assert not worker.engine.has_unfinished_requests()
+    assert worker.engine.stats().kv_blocks_used == 0
+    assert client.tokens("mig", 0) == []
+    assert (await client.submit(request(1, sampling=GREEDY_SHORT))).accepted
+    await until(lambda: client.finished("mig", 1))
+    assert client.errors == [] and len(client.tokens("mig", 1)) == GREEDY_SHORT.max_tokens
