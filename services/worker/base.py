@@ -3,8 +3,9 @@ load reports. The role subclasses decide what a pulled message becomes and what 
 outputs lead to (prefill: hand-off; decode: nothing more).
 
 Three loops run on the asyncio thread while the engine computes on its own thread
-(`ComputeThread`): the engine loop (step, publish, repeat while there is work), the pull loop
-(fetch as many queued messages as there is room for: variable-size batches) and the report loop.
+(`ComputeThread`): the engine loop (step, publish, repeat while there is work; the decode worker
+queues the next step before publishing), the pull loop (fetch as many queued messages as there is
+room for: variable-size batches) and the report loop.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ SHUTDOWN_GRACE_S = 20.0
 class Worker(abc.ABC):
     role = ""
     work_type: type = object
+    pipelined = False
+    """Queue step N+1 before handling step N's outputs. Only where `after_step` needs nothing from
+    the engine before the next step: the prefill worker takes its finished prefills off the engine
+    right after a step, and a step queued first would delay every hand-off by one step."""
 
     def __init__(self, nc: Client, settings: WorkerSettings, engine: Any, store: Any) -> None:
         self.nc = nc
@@ -93,15 +98,23 @@ class Worker(abc.ABC):
 
     # ---- the engine loop ---------------------------------------------------------------------
     async def engine_loop(self) -> None:
+        queued = None  # the step already queued on the engine thread (pipelined roles)
         while True:
             raise_if_cancelled()
-            if not self.num_adding and not self.engine.has_unfinished_requests():
-                self.has_work.clear()
-                await self.has_work.wait()
-                continue
+            if queued is None:
+                if not self.num_adding and not self.engine.has_unfinished_requests():
+                    self.has_work.clear()
+                    await self.has_work.wait()
+                    continue
+                queued = self.compute.submit(self.step)
             start = time.perf_counter()
-            outputs = await self.compute.call(self.step)
-            log.debug("step: %d outputs in %.1f ms", len(outputs), (time.perf_counter() - start) * 1000)
+            outputs = await queued
+            queued = None
+            log.debug("step: %d outputs, waited %.1f ms for them", len(outputs), (time.perf_counter() - start) * 1000)
+            if outputs and self.pipelined and self.engine.has_unfinished_requests():
+                # the next step computes while this one's tokens are published: the engine thread
+                # never waits for this loop (thread hops, encoding, other tasks) between two steps
+                queued = self.compute.submit(self.step)
             if outputs:  # sequences that produced a token this step (chunked prefills excluded)
                 metrics.BATCH_SIZE.labels(self.role).observe(len(outputs))
             await self.after_step(outputs)

@@ -26,6 +26,7 @@ RETRY_ADMIT_S = 0.5
 class DecodeWorker(Worker):
     role = "decode"
     work_type = Handoff
+    pipelined = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

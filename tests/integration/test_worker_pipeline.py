@@ -214,3 +214,29 @@ async def test_cancel_mid_stream_frees_blocks_on_every_worker(system, client):
     assert [(w.worker_id, w.compute.stats.kv_blocks_used, len(w.requests)) for w in system.workers.values()] \
         == [("prefill-t", 0, 0), ("decode-t", 0, 0)]
     assert "long" not in client.finished
+
+
+async def test_the_decode_worker_steps_on_while_a_step_is_published(system, client, reference):
+    """Pipelined engine loop: while the asyncio side still handles step N's tokens (here held up on
+    purpose), step N+1 already runs on the engine thread; the tokens stay exact and in order."""
+    decode_worker = system.workers["decode-t"]
+    original = decode_worker.after_step
+    held, release, steps_while_held = asyncio.Event(), asyncio.Event(), []
+
+    async def slow_after_step(outputs):
+        if outputs and not held.is_set():
+            held.set()
+            start = decode_worker.engine.stats().num_steps
+            await asyncio.sleep(0.3)  # a tiny-model step takes about a millisecond
+            steps_while_held.append(decode_worker.engine.stats().num_steps - start)
+            release.set()
+        await original(outputs)
+
+    decode_worker.after_step = slow_after_step
+    try:
+        assert (await client.submit("r1", PROMPTS[1])).accepted
+        await client.wait_finished(["r1"])
+    finally:
+        decode_worker.after_step = original
+    assert release.is_set() and steps_while_held == [1]  # exactly one step queued ahead, not more
+    assert client.errors == [] and client.tokens["r1"] == reference["r1"]
