@@ -37,6 +37,7 @@ from ferry_services.prefill_balancer.settings import PrefillBalancerSettings
 
 log = logging.getLogger(__name__)
 
+
 class PrefillBalancer:
     def __init__(self, nc: Client, settings: PrefillBalancerSettings) -> None:
         self.config = PrefillPolicyConfig(max_queued_tokens=settings.max_queued_tokens,

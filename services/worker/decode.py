@@ -61,7 +61,7 @@ class DecodeWorker(Worker):
             await self.publish_error(handoff.request, "bad_request", str(exc), retryable=False)
             admitted = True  # settled for good
             self.forget(request_id)
-        else:
+        else:  # added (or refused for room): drop it if a cancel raced the addition
             if await self.abort_if_gone(handoff.request):
                 return
         if not admitted:  # no room after all (the balancer's view was stale): back to the queue

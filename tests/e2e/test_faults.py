@@ -389,6 +389,7 @@ def test_garbage_on_every_subject_harms_nobody(fault_system, baseline, table):
         assert not isinstance(reply, ErrorReply) or reply.code != "internal", reply
     time.sleep(1.0)  # let the last messages be handled
     dead = {name: c.process.returncode for name, c in fault_system.children.items() if c.process.poll() is not None}
-    assert set(dead) <= fault_system.killed, {n: (code, fault_system.log(n)[-2000:]) for n, code in dead.items() if n not in fault_system.killed}
+    unexpected = {n: (code, fault_system.log(n)[-2000:]) for n, code in dead.items() if n not in fault_system.killed}
+    assert not unexpected, unexpected
     outcomes = asyncio.run(run_load(fault_system))
     check(fault_system, table, "after the garbage", outcomes, baseline, before)
