@@ -1,5 +1,6 @@
 """LLMEngine on a tiny random checkpoint: prefix reuse, preemption, stops, abort, roles, static mode."""
 
+import dataclasses
 import random
 
 import pytest
@@ -169,6 +170,50 @@ def test_prefill_role_hands_kv_to_a_decode_engine(lm):
             rest += out.new_token_ids
     assert first + rest == expected
     assert decode.stats().num_computed_tokens == len(expected) - 1
+
+
+def handed_off_text(lm, prompt, sampling, num_streamed: int) -> str | None:
+    """Text of a request as a client sees it when its first `num_streamed` tokens came from another
+    engine (1: the prefill worker's hand-off; more: a migration): what the earlier holder streamed,
+    then what the next holder streams. None when it finished before the hand-off."""
+    first = engine(lm)
+    first.add_request("h", prompt, sampling)
+    ids, text = [], ""
+    while len(ids) < num_streamed and first.has_unfinished_requests():
+        for out in first.step():
+            ids, text = ids + out.new_token_ids, text + out.text
+    if not first.has_unfinished_requests():
+        return None
+    rest = engine(lm)
+    rest.add_request("h", prompt, sampling, output_token_ids=ids)
+    while rest.has_unfinished_requests():
+        text += "".join(out.text for out in rest.step())
+    return text
+
+
+def test_stop_strings_and_held_back_text_survive_a_hand_off(lm):
+    """A stop string that starts in the text of tokens streamed by an earlier holder (the prefill
+    worker, or a worker the request migrated from) and ends in the next holder's tokens is still
+    found, and the text the earlier holder held back as a possible stop-string start still reaches
+    the client: the whole stream equals a run that never changed hands."""
+    checked = 0
+    for seed in range(12):
+        prompt = random_prompts(1, 24, 24, seed=100 + seed)[0]
+        plain = run_all(engine(lm), [prompt])[0]
+        texts = [out.text for out in plain]
+        for num_streamed in (1, 3):
+            before, after = "".join(texts[:num_streamed]), "".join(texts[num_streamed:])
+            if not before or len(after) < 2:
+                continue
+            stop = before[-1] + after[:2]  # spans the hand-off
+            sampling = dataclasses.replace(GREEDY, stop=[stop])
+            alone = "".join(out.text for out in run_all(engine(lm), [prompt], sampling)[0])
+            handed_off = handed_off_text(lm, prompt, sampling, num_streamed)
+            if handed_off is None:  # the stop string occurs earlier too
+                continue
+            assert handed_off == alone, (seed, num_streamed, stop)
+            checked += 1
+    assert checked >= 8, "too few prompts produced text on both sides of the hand-off"
 
 
 def test_requests_that_cannot_fit_are_refused(lm):

@@ -17,8 +17,8 @@ class RequestState:
         self._stop_ids = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos_token_ids))
         self._early_blocked = tuple(sorted(self._stop_ids))
         self._max_len = min(max_model_len, seq.num_prompt_tokens + sp.max_tokens)
-        self._detok = _detokenizer(tokenizer, seq) if tokenizer else None
         self._stops = StopStringFilter(sp.stop)
+        self._detok = _detokenizer(tokenizer, seq, self._stops) if tokenizer else None
 
     @property
     def max_num_tokens(self) -> int:
@@ -64,17 +64,19 @@ class RequestState:
                              seq.finish_reason, seq.num_prompt_tokens, seq.num_cached_tokens)
 
 
-def _detokenizer(tokenizer: Decoder, seq: Sequence) -> IncrementalDetokenizer:
-    """A detokenizer positioned after the prompt and any prior output tokens (hand-off, migration).
+def _detokenizer(tokenizer: Decoder, seq: Sequence, stops: StopStringFilter) -> IncrementalDetokenizer:
+    """A detokenizer positioned after the prompt and any prior output tokens (hand-off, migration),
+    with `stops` in the state the earlier holder's filter was in.
 
-    Prior output tokens were streamed by an earlier holder, but text its detokenizer held back (a
-    trailing incomplete UTF-8 character) never was: replaying them leaves exactly that unread, so
-    it comes out with the next token, as in a run that never changed hands."""
+    Prior output tokens were streamed by an earlier holder, but text it held back never was: a
+    trailing incomplete UTF-8 character, and the tail that could begin a stop string. Replaying the
+    tokens through the detokenizer and the stop filter (discarding what they would emit: it was
+    emitted) leaves exactly that unread and held, so it comes out with the next tokens, and a stop
+    string that began before the hand-off is still found, as in a run that never changed hands."""
     num_prompt = seq.num_prompt_tokens
     detok = IncrementalDetokenizer(tokenizer, seq.token_ids[:num_prompt])
     for token_id in seq.token_ids[num_prompt:]:  # its text was emitted already
         # one at a time, as the earlier holder added them: in one call, a tail that ends in an
         # incomplete character would hold back (and later repeat) the text of every prior token
-        detok.add([token_id])
+        stops.add(detok.add([token_id]))
     return detok
-
