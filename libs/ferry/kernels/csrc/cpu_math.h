@@ -65,8 +65,9 @@ inline void dot4(const float* __restrict q, const float* const* rows, float* out
   out[0] = sums[0], out[1] = sums[4], out[2] = sums[8], out[3] = sums[12];
 }
 
+// Into L2 (and L3), not L1: rows are fetched several tiles ahead, more than L1 holds.
 inline void prefetch_row(const char* row, int64_t bytes) {
-  for (int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(row + byte);
+  for (int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(row + byte, 0, 2);
 }
 
 // scores[j] = q . rows[j] for one query row over a tile; meanwhile prefetches the K and V rows in
