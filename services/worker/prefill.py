@@ -76,7 +76,7 @@ class PrefillWorker(Worker):
             if not self.is_current(request):
                 return  # cancelled or replaced while the prefix travelled: settled there
             admitted = prefix is not None and await self.add_to_engine(self._admit_with_prefix, request, *prefix)
-            if not admitted and self.is_current(request):
+            if not admitted:
                 await self.add_to_engine(self.engine.add_request, request.request_id, request.prompt_token_ids,
                                          request.sampling, request.output_token_ids, request.arrival_time or None)
         except ValueError as exc:  # does not fit this model: the client's fault, not retryable

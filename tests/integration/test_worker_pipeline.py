@@ -221,15 +221,13 @@ async def test_the_decode_worker_steps_on_while_a_step_is_published(system, clie
     purpose), step N+1 already runs on the engine thread; the tokens stay exact and in order."""
     decode_worker = system.workers["decode-t"]
     original = decode_worker.after_step
-    held, release, steps_while_held = asyncio.Event(), asyncio.Event(), []
+    steps_while_held = []
 
-    async def slow_after_step(outputs):
-        if outputs and not held.is_set():
-            held.set()
+    async def slow_after_step(outputs):  # the engine loop awaits it: never two at once
+        if outputs and not steps_while_held:
             start = decode_worker.engine.stats().num_steps
             await asyncio.sleep(0.3)  # a tiny-model step takes about a millisecond
             steps_while_held.append(decode_worker.engine.stats().num_steps - start)
-            release.set()
         await original(outputs)
 
     decode_worker.after_step = slow_after_step
@@ -238,5 +236,5 @@ async def test_the_decode_worker_steps_on_while_a_step_is_published(system, clie
         await client.wait_finished(["r1"])
     finally:
         decode_worker.after_step = original
-    assert release.is_set() and steps_while_held == [1]  # exactly one step queued ahead, not more
+    assert steps_while_held == [1]  # exactly one step queued ahead, not more
     assert client.errors == [] and client.tokens["r1"] == reference["r1"]
