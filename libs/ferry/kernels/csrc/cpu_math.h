@@ -6,63 +6,141 @@
 #include <cmath>
 #include <cstdint>
 
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace ferry_cpu {
 
-// 16 floats as one value: GCC/Clang lower it to whatever vector registers -march gives (one zmm on
-// AVX-512, two ymm on AVX2), so hot loops hold their accumulators in registers on any x86/ARM build.
-typedef float vec16 __attribute__((vector_size(64)));
-typedef float vec16_unaligned __attribute__((vector_size(64), aligned(4)));
-constexpr int64_t kLanes = 16;
+// One machine vector of floats: 16 lanes (a zmm) where -march gives AVX-512, else 8 (a ymm on AVX2,
+// two q registers on NEON). A width the machine lacks is lowered by GCC through the stack: on an
+// AVX2-only Zen 3, 16-float vectors made the accumulation loops spill every partial sum (~4x slower).
+#if defined(__AVX512F__)
+#define FERRY_CPU_LANES 16
+#else
+#define FERRY_CPU_LANES 8
+#endif
+constexpr int64_t kLanes = FERRY_CPU_LANES;
+typedef float vecf __attribute__((vector_size(4 * FERRY_CPU_LANES)));
+typedef float vecf_unaligned __attribute__((vector_size(4 * FERRY_CPU_LANES), aligned(4)));
+typedef float vec4 __attribute__((vector_size(16)));
 
-inline vec16 load16(const float* p) { return *reinterpret_cast<const vec16_unaligned*>(p); }
-inline void store16(float* p, vec16 v) { *reinterpret_cast<vec16_unaligned*>(p) = v; }
-inline float hsum16(vec16 v) {
+// bfloat16 storage, the layout of c10::BFloat16: the high 16 bits of an fp32, so widening is a shift.
+struct bf16 {
+  uint16_t bits;
+};
+
+inline float to_float(float x) { return x; }
+inline float to_float(bf16 x) { return __builtin_bit_cast(float, static_cast<uint32_t>(x.bits) << 16); }
+// fp32 -> bf16 rounded to nearest even, NaN kept a (quiet) NaN: what torch's conversion gives, branch-free.
+inline bf16 to_bf16(float f) {
+  const uint32_t bits = __builtin_bit_cast(uint32_t, f);
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  return bf16{static_cast<uint16_t>((bits & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded)};
+}
+
+// kLanes consecutive values as fp32: a load, or for bf16 a widening load and a shift (no copy through memory).
+inline vecf loadv(const float* p) { return *reinterpret_cast<const vecf_unaligned*>(p); }
+inline vecf loadv(const bf16* p) {
+#if FERRY_CPU_LANES == 16
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return reinterpret_cast<vecf>(_mm512_slli_epi32(wide, 16));
+#elif defined(__AVX2__)  // one widening load (GCC makes four instructions of __builtin_convertvector here)
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return reinterpret_cast<vecf>(_mm256_slli_epi32(wide, 16));
+#else
+  typedef uint16_t vecu16 __attribute__((vector_size(2 * FERRY_CPU_LANES), aligned(2)));
+  typedef uint32_t vecu32 __attribute__((vector_size(4 * FERRY_CPU_LANES)));
+  const vecu32 wide = __builtin_convertvector(*reinterpret_cast<const vecu16*>(p), vecu32) << 16;
+  return reinterpret_cast<vecf>(wide);
+#endif
+}
+inline void storev(float* p, vecf v) { *reinterpret_cast<vecf_unaligned*>(p) = v; }
+inline float hsum(vecf v) {
   float sum = 0.f;
   for (int i = 0; i < kLanes; ++i) sum += v[i];  // reassociated into a shuffle tree (-fassociative-math)
   return sum;
 }
 
-// kN > 0 (a multiple of 16): n is kN, known at compile time: two vector accumulators, no remainder.
-template <int kN>
-inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
+// kN > 0 (a multiple of 2 * kLanes): n is kN, known at compile time: two vector accumulators, no remainder.
+template <int kN, typename R>
+inline float dot(const float* __restrict a, const R* __restrict b, int64_t n) {
   if constexpr (kN > 0 && kN % (2 * kLanes) == 0) {
-    vec16 even = {}, odd = {};
+    vecf even = {}, odd = {};
 #pragma GCC unroll 16
     for (int64_t i = 0; i < kN; i += 2 * kLanes) {
-      even += load16(a + i) * load16(b + i);
-      odd += load16(a + i + kLanes) * load16(b + i + kLanes);
+      even += loadv(a + i) * loadv(b + i);
+      odd += loadv(a + i + kLanes) * loadv(b + i + kLanes);
     }
-    return hsum16(even + odd);
+    return hsum(even + odd);
   }
   float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * to_float(b[i]);
   return sum;
 }
 
-// Four dot products of one query row with four key rows, summed across lanes together: one shuffle
-// tree for four results instead of four (the horizontal sums were the kernel's largest cost).
-template <int kN>
-inline void dot4(const float* __restrict q, const float* const* rows, float* out) {
+// The lane sums of four vectors, [sum a, sum b, sum c, sum d], with one shuffle tree for all four
+// (four separate horizontal sums were the kernel's largest cost). Pairs are summed within 128-bit
+// lanes first (in-lane shuffles are cheap everywhere), the halves last.
+inline vec4 sum4(vecf a, vecf b, vecf c, vecf d) {
+#if FERRY_CPU_LANES == 16
+  // [a | b] halves summed: lanes 0-7 hold a's 8 partial sums, lanes 8-15 b's
+  const vecf ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                  __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const vecf cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                  __builtin_shufflevector(c, d, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  // four lanes per vector: a 0-3, b 4-7, c 8-11, d 12-15
+  const vecf abcd = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+                    __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  const vecf pairs = abcd + __builtin_shufflevector(abcd, abcd, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  const vecf sums = pairs + __builtin_shufflevector(pairs, pairs, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  return vec4{sums[0], sums[4], sums[8], sums[12]};
+#else
+  // hadd(x, y) = [x0+x1, x2+x3, y0+y1, y2+y3 | x4+x5, x6+x7, y4+y5, y6+y7], one in-lane step
+  auto hadd = [](vecf x, vecf y) {
+    return __builtin_shufflevector(x, y, 0, 2, 8, 10, 4, 6, 12, 14) +
+           __builtin_shufflevector(x, y, 1, 3, 9, 11, 5, 7, 13, 15);
+  };
+  const vecf abcd = hadd(hadd(a, b), hadd(c, d));  // [a b c d | a b c d]: each half holds half the sums
+  return __builtin_shufflevector(abcd, abcd, 0, 1, 2, 3) + __builtin_shufflevector(abcd, abcd, 4, 5, 6, 7);
+#endif
+}
+
+// Four dot products of one query row with four key rows.
+template <int kN, typename R>
+inline void dot4(const float* __restrict q, const R* const* rows, float* out) {
   static_assert(kN > 0 && kN % kLanes == 0);
-  vec16 acc[4] = {};
+  vecf acc[4] = {};
 #pragma GCC unroll 16
   for (int64_t i = 0; i < kN; i += kLanes) {
-    const vec16 qi = load16(q + i);
+    const vecf qi = loadv(q + i);
 #pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r) acc[r] += qi * load16(rows[r] + i);
+    for (int r = 0; r < 4; ++r) acc[r] += qi * loadv(rows[r] + i);
   }
-  // [a | b] halves summed: lanes 0-7 hold a's 8 partial sums, lanes 8-15 b's
-  const vec16 ab = __builtin_shufflevector(acc[0], acc[1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-                   __builtin_shufflevector(acc[0], acc[1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  const vec16 cd = __builtin_shufflevector(acc[2], acc[3], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-                   __builtin_shufflevector(acc[2], acc[3], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  // four lanes per row: a 0-3, b 4-7, c 8-11, d 12-15
-  const vec16 abcd = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-                     __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  const vec16 pairs = abcd + __builtin_shufflevector(abcd, abcd, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-  const vec16 sums = pairs + __builtin_shufflevector(pairs, pairs, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-  out[0] = sums[0], out[1] = sums[4], out[2] = sums[8], out[3] = sums[12];
+  const vec4 s = sum4(acc[0], acc[1], acc[2], acc[3]);
+  for (int r = 0; r < 4; ++r) out[r] = s[r];
+}
+
+// dot4 for two query rows at once (the two heads of a KV head's group): each key row is loaded once
+// for both, and the 8 partial sums plus the two query vectors fit the 16 registers of AVX2.
+template <int kN, typename R>
+inline void dot4x2(const float* __restrict q0, const float* __restrict q1, const R* const* rows, float* out0,
+                   float* out1) {
+  static_assert(kN > 0 && kN % kLanes == 0);
+  vecf acc0[4] = {}, acc1[4] = {};
+#pragma GCC unroll 16
+  for (int64_t i = 0; i < kN; i += kLanes) {
+    const vecf a = loadv(q0 + i), b = loadv(q1 + i);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const vecf k = loadv(rows[r] + i);
+      acc0[r] += a * k;
+      acc1[r] += b * k;
+    }
+  }
+  const vec4 s0 = sum4(acc0[0], acc0[1], acc0[2], acc0[3]), s1 = sum4(acc1[0], acc1[1], acc1[2], acc1[3]);
+  for (int r = 0; r < 4; ++r) out0[r] = s0[r], out1[r] = s1[r];
 }
 
 // Into L2 (and L3), not L1: rows are fetched several tiles ahead, more than L1 holds.
@@ -70,11 +148,13 @@ inline void prefetch_row(const char* row, int64_t bytes) {
   for (int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(row + byte, 0, 2);
 }
 
-// scores[j] = q . rows[j] for one query row over a tile; meanwhile prefetches the K and V rows in
+// s0[j] = q0 . rows[j] over a tile, and s1[j] = q1 . rows[j] when q1 is given (the second head of a
+// pair: each key row is then read once for both); meanwhile prefetches the K and V rows in
 // ahead[2 * j], ahead[2 * j + 1] for j < num_ahead, spread over the loop rather than in one burst.
-template <int kD>
-inline void score_row(const float* __restrict q, const float* const* rows, int64_t n, int64_t dim, float* scores,
-                      const char* const* ahead, int64_t num_ahead, int64_t k_bytes, int64_t v_bytes) {
+template <int kD, typename R>
+inline void score_rows(const float* __restrict q0, const float* __restrict q1, const R* const* rows, int64_t n,
+                       int64_t dim, float* s0, float* s1, const char* const* ahead, int64_t num_ahead,
+                       int64_t k_bytes, int64_t v_bytes) {
   int64_t j = 0;
   if constexpr (kD > 0 && kD % kLanes == 0) {
     for (; j + 4 <= n; j += 4) {
@@ -82,14 +162,20 @@ inline void score_row(const float* __restrict q, const float* const* rows, int64
         prefetch_row(ahead[2 * a], k_bytes);
         prefetch_row(ahead[2 * a + 1], v_bytes);
       }
-      dot4<kD>(q, rows + j, scores + j);
+      if (q1 != nullptr)
+        dot4x2<kD, R>(q0, q1, rows + j, s0 + j, s1 + j);
+      else
+        dot4<kD, R>(q0, rows + j, s0 + j);
     }
   }
   for (int64_t a = j; a < num_ahead; ++a) {
     prefetch_row(ahead[2 * a], k_bytes);
     prefetch_row(ahead[2 * a + 1], v_bytes);
   }
-  for (; j < n; ++j) scores[j] = dot<kD>(q, rows[j], dim);
+  for (; j < n; ++j) {
+    s0[j] = dot<kD, R>(q0, rows[j], dim);
+    if (q1 != nullptr) s1[j] = dot<kD, R>(q1, rows[j], dim);
+  }
 }
 
 // exp(x) for x <= 0 (scores minus their running max): 2^k * e^r with |r| <= ln2/2 and a degree-6

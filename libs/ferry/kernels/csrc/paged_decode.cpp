@@ -5,8 +5,9 @@
 // together, so each K/V row is read from memory once. Items are handed out longest sequence first
 // from an atomic counter inside at::parallel_for, so the kernel uses at most torch's thread count,
 // shares ATen's thread pool (no second OpenMP team competing for cores) and balances mixed lengths.
-// Hot loops hold 16-float vectors in registers (GCC/Clang vector extensions, lowered to whatever
-// -march gives); the rest are `omp simd` loops (-fopenmp-simd: no OpenMP runtime). The softmax uses
+// Hot loops hold machine-width float vectors in registers (GCC/Clang vector extensions: 16 lanes with
+// AVX-512, else 8; cpu_math.h) and take a KV head's query rows in pairs, so each K/V row is loaded once
+// per pair; the rest are `omp simd` loops (-fopenmp-simd: no OpenMP runtime). The softmax uses
 // our own vectorisable exp, and only reassociation is allowed, not -ffast-math: the online softmax
 // relies on -inf. The rows kAhead tiles ahead (into the next item's) are prefetched into L2 while
 // the current tile is computed.
@@ -55,19 +56,25 @@ CacheView<T> view_of(const at::Tensor& cache) {
   return {cache.data_ptr<T>(), cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), cache.size(3)};
 }
 
-// A cache row as fp32: unit-stride fp32 rows are used in place, anything else is converted into buf.
-template <typename T>
-inline const float* as_float(const T* src, int64_t stride, int64_t n, float* buf) {
-  if constexpr (std::is_same_v<T, float>) {
+// Rows are read as R: in place where the loops can (R = T: unit-stride fp32, or bf16, widened in
+// registers), else as fp32 rows converted into buf (R = float; fp16, or elements with a stride).
+template <typename R, typename T>
+inline const R* row_as(const T* src, int64_t stride, int64_t n, float* buf) {
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<R, float>) {
     if (stride == 1) return src;
   }
-  for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(src[i * stride]);
-  return buf;
+  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<R, bf16>) {
+    return reinterpret_cast<const bf16*>(src);  // run<> picks R = bf16 only for unit-stride rows
+  } else {
+    for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(src[i * stride]);
+    return buf;
+  }
 }
 
+template <typename R>
 struct Scratch {  // one per worker thread, sized once
   std::vector<float> q, acc, scores, max, sum, kbuf, vbuf;
-  std::vector<const float*> krows, vrows;
+  std::vector<const R*> krows, vrows;
   std::vector<const char*> ahead;  // [kTile, 2]: K and V row addresses of the next tile
   Scratch(int64_t group, int64_t dim, int64_t dim_v)
       : q(group * dim), acc(group * dim_v), scores(group * kTile), max(group), sum(group), kbuf(kTile * dim),
@@ -81,13 +88,13 @@ struct Item {  // one (sequence, KV head) work item
   int64_t first, len, head;
 };
 
-// fp32 row pointers of tokens t0..t0+n-1 of the item's KV head, walking the block table.
-template <typename T>
-inline void tile_rows(const Item& it, const CacheView<T>& c, int64_t bs, int64_t t0, int64_t n, const float** rows,
+// Row pointers of tokens t0..t0+n-1 of the item's KV head, walking the block table.
+template <typename R, typename T>
+inline void tile_rows(const Item& it, const CacheView<T>& c, int64_t bs, int64_t t0, int64_t n, const R** rows,
                       float* buf) {
   for (int64_t j = 0, blk = t0 / bs, off = t0 % bs; j < n; ++blk, off = 0) {  // one cache block at a time
     const T* base = c.row(it.table[blk], 0, it.head);
-    for (; off < bs && j < n; ++off, ++j) rows[j] = as_float(base + off * c.s_token, c.s_dim, c.dim, buf + j * c.dim);
+    for (; off < bs && j < n; ++off, ++j) rows[j] = row_as<R>(base + off * c.s_token, c.s_dim, c.dim, buf + j * c.dim);
   }
 }
 
@@ -131,39 +138,63 @@ inline void softmax_tile(float* __restrict sc, int64_t n, float* __restrict acc,
   }
 }
 
-// acc[0..w) += sum_j p[j] * rows[j][d0..d0+w). Full chunks of kChunk floats keep their partial sums
-// in registers across the tile's tokens; a narrower remainder (w < kChunk) takes the plain loop.
-constexpr int64_t kChunk = 64;
-inline void accumulate(float* __restrict acc, const float* const* rows, const float* __restrict p, int64_t n,
-                       int64_t d0, int64_t w) {
+// acc0[0..w) += sum_j p0[j] * rows[j][d0..d0+w), and the same for acc1 and p1 when acc1 is given (the
+// pair's second head: each value row is then read once for both). Full chunks of kChunk floats keep
+// their partial sums in registers across the tile's tokens (8 vectors for a pair, with the row and the
+// two weights: 11 of AVX2's 16 registers); a narrower remainder (w < kChunk) takes the plain loop.
+constexpr int64_t kChunk = 4 * kLanes;
+template <typename R>
+inline void accumulate(float* __restrict acc0, float* __restrict acc1, const R* const* rows,
+                       const float* __restrict p0, const float* __restrict p1, int64_t n, int64_t d0, int64_t w) {
   if (w == kChunk) {
-    vec16 part[kChunk / kLanes];
-#pragma GCC unroll 16
-    for (int64_t c = 0; c < kChunk / kLanes; ++c) part[c] = load16(acc + c * kLanes);
-    for (int64_t j = 0; j < n; ++j) {
-      const float* vr = rows[j] + d0;
-      const vec16 pj = vec16{} + p[j];
-#pragma GCC unroll 16
-      for (int64_t c = 0; c < kChunk / kLanes; ++c) part[c] += pj * load16(vr + c * kLanes);
+    vecf part0[4], part1[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) part0[c] = loadv(acc0 + c * kLanes), part1[c] = acc1 ? loadv(acc1 + c * kLanes) : vecf{};
+    if (acc1 != nullptr) {
+      for (int64_t j = 0; j < n; ++j) {
+        const R* vr = rows[j] + d0;
+        const vecf a = vecf{} + p0[j], b = vecf{} + p1[j];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          const vecf v = loadv(vr + c * kLanes);
+          part0[c] += a * v;
+          part1[c] += b * v;
+        }
+      }
+    } else {
+      for (int64_t j = 0; j < n; ++j) {
+        const R* vr = rows[j] + d0;
+        const vecf a = vecf{} + p0[j];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) part0[c] += a * loadv(vr + c * kLanes);
+      }
     }
-#pragma GCC unroll 16
-    for (int64_t c = 0; c < kChunk / kLanes; ++c) store16(acc + c * kLanes, part[c]);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      storev(acc0 + c * kLanes, part0[c]);
+      if (acc1 != nullptr) storev(acc1 + c * kLanes, part1[c]);
+    }
     return;
   }
   for (int64_t j = 0; j < n; ++j) {
-    const float* __restrict vr = rows[j] + d0;
-    const float pj = p[j];
+    const R* __restrict vr = rows[j] + d0;
+    const float a = p0[j];
 #pragma omp simd
-    for (int64_t d = 0; d < w; ++d) acc[d] += pj * vr[d];
+    for (int64_t d = 0; d < w; ++d) acc0[d] += a * to_float(vr[d]);
+    if (acc1 != nullptr) {
+      const float b = p1[j];
+#pragma omp simd
+      for (int64_t d = 0; d < w; ++d) acc1[d] += b * to_float(vr[d]);
+    }
   }
 }
 
 // One (sequence, KV head): out[g] = softmax(q_g K^T * scale) V over the visible tokens, one tile of
 // kTile tokens at a time, reading each K/V row once for all G query rows. kD/kDv: head sizes fixed
 // at compile time for the common shapes, 0 = read them at run time.
-template <typename T, int kD, int kDv>
+template <typename T, typename R, int kD, int kDv>
 void attend(const Item& it, const Item* following, const CacheView<T>& k, const CacheView<T>& v, int64_t bs,
-            int64_t group, float scale, Scratch& s) {
+            int64_t group, float scale, Scratch<R>& s) {
   const int64_t dim = kD ? kD : k.dim, dim_v = kDv ? kDv : v.dim;
   const int64_t k_bytes = dim * static_cast<int64_t>(sizeof(T)), v_bytes = dim_v * static_cast<int64_t>(sizeof(T));
   for (int64_t i = 0; i < group * dim; ++i) s.q[i] = it.q[i] * scale;
@@ -181,15 +212,22 @@ void attend(const Item& it, const Item* following, const CacheView<T>& k, const 
     const int64_t num_ahead = rows_ahead(ahead_item, k, v, bs, ahead_t0, s.ahead.data());
     tile_rows(it, k, bs, t0, n, s.krows.data(), s.kbuf.data());
     tile_rows(it, v, bs, t0, n, s.vrows.data(), s.vbuf.data());
-    for (int64_t g = 0; g < group; ++g)  // the tile's K rows stay in L1 for the group's later rows
-      score_row<kD>(s.q.data() + g * dim, s.krows.data(), n, dim, s.scores.data() + g * kTile, s.ahead.data(),
-                    g == 0 ? num_ahead : 0, k_bytes, v_bytes);
-    for (int64_t g = 0; g < group; ++g) {
+    // the group's query rows in pairs: each K and V row is read once per pair (a lone last row alone)
+    for (int64_t g = 0; g < group; g += 2) {
+      const bool pair = g + 1 < group;
       float* sc = s.scores.data() + g * kTile;
+      score_rows<kD, R>(s.q.data() + g * dim, pair ? s.q.data() + (g + 1) * dim : nullptr, s.krows.data(), n, dim, sc,
+                     sc + kTile, s.ahead.data(), g == 0 ? num_ahead : 0, k_bytes, v_bytes);
+    }
+    for (int64_t g = 0; g < group; ++g)
+      softmax_tile(s.scores.data() + g * kTile, n, s.acc.data() + g * dim_v, dim_v, s.max[g], s.sum[g]);
+    for (int64_t g = 0; g < group; g += 2) {
+      const bool pair = g + 1 < group;
       float* acc = s.acc.data() + g * dim_v;
-      softmax_tile(sc, n, acc, dim_v, s.max[g], s.sum[g]);
+      const float* sc = s.scores.data() + g * kTile;
       for (int64_t d0 = 0; d0 < dim_v; d0 += kChunk)
-        accumulate(acc + d0, s.vrows.data(), sc, n, d0, std::min(kChunk, dim_v - d0));
+        accumulate(acc + d0, pair ? acc + dim_v + d0 : nullptr, s.vrows.data(), sc, sc + kTile, n, d0,
+                   std::min(kChunk, dim_v - d0));
     }
   }
   for (int64_t g = 0; g < group; ++g) {
@@ -217,7 +255,7 @@ std::vector<int64_t> check_and_window(const int64_t* tables, const int64_t* lens
   return first;
 }
 
-template <typename T, int kD, int kDv>
+template <typename T, typename R, int kD, int kDv>
 void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const int64_t* tables,
          int64_t max_blocks, const int64_t* lens, const std::vector<int64_t>& first, float scale, at::Tensor& out) {
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2), dim_v = out.size(2);
@@ -235,7 +273,7 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
   // inside another parallel region at::parallel_for runs inline, and one worker then does everything.
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), items);
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch s(group, dim, dim_v);
+    Scratch<R> s(group, dim, dim_v);
     auto item = [&](int64_t w) {
       const int64_t b = order[w / kv_heads], h = w % kv_heads, row = b * heads + h * group;
       return Item{qd + row * dim, od + row * dim_v, tables + b * max_blocks, first[b], lens[b], h};
@@ -244,19 +282,19 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
     for (int64_t w = next.fetch_add(1), following = next.fetch_add(1); w < items;
          w = following, following = next.fetch_add(1)) {
       const Item it = item(w), after = following < items ? item(following) : Item{};
-      attend<T, kD, kDv>(it, following < items ? &after : nullptr, k, v, bs, group, scale, s);
+      attend<T, R, kD, kDv>(it, following < items ? &after : nullptr, k, v, bs, group, scale, s);
     }
   });
 }
 
-template <typename T>
+template <typename T, typename R>
 void run_dims(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const int64_t* tables,
               int64_t max_blocks, const int64_t* lens, const std::vector<int64_t>& first, float scale,
               at::Tensor& out) {
   const int64_t dim = q.size(2), dim_v = out.size(2);
-  if (dim == 64 && dim_v == 64) return run<T, 64, 64>(q, k_cache, v_cache, tables, max_blocks, lens, first, scale, out);
-  if (dim == 128 && dim_v == 128) return run<T, 128, 128>(q, k_cache, v_cache, tables, max_blocks, lens, first, scale, out);
-  run<T, 0, 0>(q, k_cache, v_cache, tables, max_blocks, lens, first, scale, out);
+  if (dim == 64 && dim_v == 64) return run<T, R, 64, 64>(q, k_cache, v_cache, tables, max_blocks, lens, first, scale, out);
+  if (dim == 128 && dim_v == 128) return run<T, R, 128, 128>(q, k_cache, v_cache, tables, max_blocks, lens, first, scale, out);
+  run<T, R, 0, 0>(q, k_cache, v_cache, tables, max_blocks, lens, first, scale, out);
 }
 
 // q [B, H, D] fp32 contiguous; k_cache [N, bs, Hkv, D], v_cache [N, bs, Hkv, Dv] (any strides, one
@@ -279,9 +317,14 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   const auto first = check_and_window(tables, lens, q.size(0), max_blocks, k_cache.size(1), k_cache.size(0), window);
   const float s = static_cast<float>(scale);
   switch (k_cache.scalar_type()) {
-    case at::kFloat: run_dims<float>(q, k_cache, v_cache, tables, max_blocks, lens, first, s, out); break;
-    case at::kBFloat16: run_dims<c10::BFloat16>(q, k_cache, v_cache, tables, max_blocks, lens, first, s, out); break;
-    case at::kHalf: run_dims<c10::Half>(q, k_cache, v_cache, tables, max_blocks, lens, first, s, out); break;
+    case at::kFloat: run_dims<float, float>(q, k_cache, v_cache, tables, max_blocks, lens, first, s, out); break;
+    case at::kBFloat16:  // read in place and widened in registers where elements are contiguous
+      if (k_cache.stride(3) == 1 && v_cache.stride(3) == 1)
+        run_dims<c10::BFloat16, bf16>(q, k_cache, v_cache, tables, max_blocks, lens, first, s, out);
+      else
+        run_dims<c10::BFloat16, float>(q, k_cache, v_cache, tables, max_blocks, lens, first, s, out);
+      break;
+    case at::kHalf: run_dims<c10::Half, float>(q, k_cache, v_cache, tables, max_blocks, lens, first, s, out); break;
     default: TORCH_CHECK_VALUE(false, "k_cache: dtype ", k_cache.scalar_type(), " is not fp32, bf16 or fp16");
   }
   return out;
