@@ -7,7 +7,9 @@ with TRITON_INTERPRET=1, which the tests use to run the whole model through them
 modules are imported only when used. On the CPU path, decode attention runs the fused C++ kernel
 (cpu_decode.py, compiled and cached on first use), and so do prefill chunks of up to CHUNK_MAX_TOKENS
 tokens on a cached context, unless FERRY_CPU_KERNELS=0 or it cannot be built; then the plain-torch
-reference in attention_ref.py runs.
+reference in attention_ref.py runs. The same build holds the step's small fused ops (cpu_layers.py:
+RMSNorm, SiLU-and-mul, rotary, the K/V write), which fall back to plain torch the same way; write_kv
+exported here is that dispatching one.
 """
 
 import os
@@ -20,7 +22,6 @@ from ferry.kernels.attention_ref import (
     gather_seq,
     paged_decode_attention,
     prefill_attention,
-    write_kv,
 )
 from ferry.kernels.cpu_decode import (
     CHUNK_MAX_TOKENS,
@@ -29,6 +30,7 @@ from ferry.kernels.cpu_decode import (
     fused_decode_enabled,
     fused_paged_decode_attention,
 )
+from ferry.kernels.cpu_layers import rms_norm, rotary_, silu_and_mul, write_kv
 
 
 def use_triton(t: torch.Tensor) -> bool:
@@ -37,5 +39,5 @@ def use_triton(t: torch.Tensor) -> bool:
 
 
 __all__ = ["CHUNK_MAX_TOKENS", "causal_mask", "cpu_kernels_enabled", "decode_plan", "fused_chunk_attention", "fused_decode_enabled",
-           "fused_paged_decode_attention", "gather_seq", "paged_decode_attention", "prefill_attention", "use_triton",
-           "write_kv"]
+           "fused_paged_decode_attention", "gather_seq", "paged_decode_attention", "prefill_attention", "rms_norm",
+           "rotary_", "silu_and_mul", "use_triton", "write_kv"]

@@ -1,4 +1,5 @@
-"""Fused paged decode attention on the CPU: the C++ kernel in csrc/paged_decode.cpp, built on first use.
+"""Fused paged decode attention on the CPU: the C++ kernel in csrc/paged_decode.cpp, built on first use
+together with the step's small fused ops (csrc/cpu_layers.cpp, wrapped by cpu_layers.py).
 
 The kernel reads each sequence's K/V blocks in place (attention_ref's path gathers them into a copy
 first, which cost more than the attention itself), so decode attention is one pass over the cache.
@@ -22,8 +23,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
-HEADERS = [Path(__file__).with_name("csrc") / "cpu_math.h"]  # included by SOURCE: part of the build's identity
+SOURCES = [Path(__file__).with_name("csrc") / name for name in ("paged_decode.cpp", "cpu_layers.cpp")]
+HEADERS = [Path(__file__).with_name("csrc") / "cpu_math.h"]  # included by SOURCES: part of the build's identity
 # reassociation (not -ffast-math: the online softmax relies on -inf) lets reductions use vector trees
 CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
           "-fassociative-math"]
@@ -46,7 +47,7 @@ def _cpu_features() -> str:
 
 def build_name() -> str:
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), *(h.read_bytes() for h in HEADERS), " ".join(CFLAGS).encode(),
+    for part in (*(f.read_bytes() for f in SOURCES + HEADERS), " ".join(CFLAGS).encode(),
                  _cpu_features().encode(), torch.__version__.encode()):
         digest.update(part)
     return f"ferry_cpu_decode_{digest.hexdigest()[:16]}"
@@ -61,7 +62,7 @@ def _build():
     if os.environ.get("FERRY_KERNEL_CACHE"):
         build_dir = Path(os.environ["FERRY_KERNEL_CACHE"]) / name
         build_dir.mkdir(parents=True, exist_ok=True)
-    load(name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS, build_directory=build_dir and str(build_dir),
+    load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=CFLAGS, build_directory=build_dir and str(build_dir),
          is_python_module=False, verbose=False)
     return torch.ops.ferry_cpu.paged_decode_attention
 

@@ -7,7 +7,7 @@ from torch import nn
 
 from ferry.kernels import (CHUNK_MAX_TOKENS, decode_plan, fused_chunk_attention, fused_decode_enabled,
                            fused_paged_decode_attention, gather_seq, paged_decode_attention, prefill_attention,
-                           use_triton, write_kv)
+                           rotary_, use_triton, write_kv)
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
 from ferry.model.cpu_linear import FusedProjection, Linear
@@ -62,21 +62,24 @@ class GQAttention(nn.Module):
         if self.qkv is not None:
             self.qkv.prepack()
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _project(self, x: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> q [T, H, D], k [T, Hkv, D] (both rotated), v [T, Hkv, D]."""
+        tokens, heads, kv_heads, dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         if self.qkv is None:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        kv_width = self.num_kv_heads * self.head_dim
-        return self.qkv(x).split([self.num_heads * self.head_dim, kv_width, kv_width], dim=-1)
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            qk = torch.cat([q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim)], dim=1)
+            q, k = apply_rotary(qk, cos, sin, False).split([heads, kv_heads], dim=1)
+            return q, k, v.view(tokens, kv_heads, dim)
+        # one matmul; queries and keys sit side by side in its output, so one in-place call rotates both
+        qkv = self.qkv(x).view(tokens, heads + 2 * kv_heads, dim)
+        rotary_(qkv[:, : heads + kv_heads], cos, sin)
+        return qkv.split([heads, kv_heads, kv_heads], dim=1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 meta: AttentionMetadata, kv: PagedKVCache) -> torch.Tensor:
         tokens = x.shape[0]
-        q, k, v = self._project(x)
-        # rotate queries and keys in one call: fewer small ops per layer on the CPU decode path
-        qk = torch.cat([q.view(tokens, self.num_heads, self.head_dim),
-                        k.view(tokens, self.num_kv_heads, self.head_dim)], dim=1)
-        q, k = apply_rotary(qk, cos, sin, False).split([self.num_heads, self.num_kv_heads], dim=1)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        q, k, v = self._project(x, cos, sin)
         write_kv(kv.layer(self.layer, 0), meta.slot_mapping, k)
         write_kv(kv.layer(self.layer, 1), meta.slot_mapping, v)
         attend = self._triton_attention if use_triton(q) else self._torch_attention

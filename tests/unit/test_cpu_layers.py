@@ -1,0 +1,104 @@
+"""The fused small ops of a CPU step (ferry.kernels.cpu_layers, C++ in csrc/cpu_layers.cpp) against plain
+torch: RMSNorm, SiLU-and-mul, rotary in place and the K/V write, on the strided views the model hands them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ferry.kernels import attention_ref, cpu_decode, cpu_layers
+from ferry.model.rope import apply_rotary
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel():
+    assert cpu_decode.kernel() is not None, "the CPU kernels did not build (see the logged warning)"
+
+
+def _wide(rows: int, width: int, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    """A [rows, width] view whose rows are strided (the left part of a wider tensor), as a fused matmul's
+    output slices are."""
+    return (torch.randn(rows, width + 24, generator=gen) * scale)[:, :width]
+
+
+def test_rms_norm_matches_torch():
+    gen = torch.Generator().manual_seed(0)
+    x, weight = _wide(33, 512, gen, 3.0), torch.randn(512, generator=gen)
+    expected = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    got = cpu_layers.rms_norm(x, weight, 1e-6)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [1.0, 60.0])  # 60: exp(-|g|) underflows; nothing may overflow to inf/nan
+def test_silu_and_mul_matches_torch(scale):
+    gen = torch.Generator().manual_seed(1)
+    x = _wide(17, 2 * 1408, gen, scale)
+    gate, up = x.chunk(2, dim=-1)
+    got = cpu_layers.silu_and_mul(x)
+    assert got.shape == (17, 1408) and torch.isfinite(got).all()
+    torch.testing.assert_close(got, F.silu(gate) * up, atol=1e-5, rtol=1e-5)
+
+
+def test_rotary_in_place_matches_apply_rotary_and_leaves_values_alone():
+    gen = torch.Generator().manual_seed(2)
+    tokens, heads, kv_heads, dim = 9, 8, 4, 64
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, dim, generator=gen)
+    angles = torch.rand(tokens, dim // 2, generator=gen) * 6.0
+    cos, sin = angles.cos(), angles.sin()
+    expected = apply_rotary(qkv[:, : heads + kv_heads].clone(), cos, sin, False)
+    values = qkv[:, heads + kv_heads :].clone()
+    out = cpu_layers.rotary_(qkv[:, : heads + kv_heads], cos, sin)
+    torch.testing.assert_close(qkv[:, : heads + kv_heads], expected, atol=1e-6, rtol=1e-6)
+    assert out.data_ptr() == qkv.data_ptr()
+    assert torch.equal(qkv[:, heads + kv_heads :], values)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_write_kv_equals_torch_including_rounding(dtype):
+    """Same bits as index_copy_ after torch's conversion (round-to-nearest-even ties and infinities
+    included); a NaN stays a NaN (torch's own paths disagree on its bits: 0x7FC0 scalar, 0xFFFF vectorised)."""
+    gen = torch.Generator().manual_seed(3)
+    kv_heads, blocks, bs, dim = 4, 10, 16, 64
+    cache = torch.zeros(kv_heads, blocks, bs, dim, dtype=dtype).permute(1, 2, 0, 3)  # head-major, as PagedKVCache
+    slots = torch.randperm(blocks * bs, generator=gen)[:20]
+    values = torch.randn(20, kv_heads + 2, dim, generator=gen)[:, :kv_heads]  # strided rows, like k of a qkv
+    # exact bf16 ties (one bit past the kept mantissa set, the kept last bit 0 or 1), and the special values
+    ties = torch.tensor([0x3F808000, 0x3F818000, 0x3F80C000, 0x7F800000, 0xFF800000], dtype=torch.int64)
+    values[0, 0, :5] = ties.to(torch.int32).view(torch.float32)
+    values[0, 0, 5] = float("nan")
+    expected = cache.clone()
+    attention_ref.write_kv(expected, slots, values)
+    cpu_layers.write_kv(cache, slots, values)
+    nan = expected.isnan()
+    assert nan.sum() == 1 and torch.equal(cache.isnan(), nan)
+    bits = torch.int16 if dtype != torch.float32 else torch.int32
+    assert torch.equal(cache.view(bits)[~nan], expected.view(bits)[~nan])
+
+
+def test_write_kv_refuses_a_slot_outside_the_cache_and_writes_nothing():
+    cache = torch.zeros(4, 16, 2, 8)
+    values = torch.ones(3, 2, 8)
+    with pytest.raises(ValueError, match=r"slot_mapping\[2\] = 64 is outside the cache's 64 slots"):
+        cpu_layers.write_kv(cache, torch.tensor([0, 5, 64]), values)
+    assert not cache.any()
+
+
+def test_other_dtypes_and_the_switch_take_the_torch_path(monkeypatch):
+    """bf16 activations are not what the C++ ops take: the torch fallback answers instead of an error; with
+    FERRY_CPU_KERNELS=0 every op is the fallback and gives the same numbers."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 64, generator=gen)
+    weight = torch.randn(64, generator=gen)
+    assert not cpu_layers.fused_ops_usable(x.bfloat16())
+    got_bf16 = cpu_layers.silu_and_mul(x.bfloat16())
+    assert got_bf16.dtype == torch.bfloat16
+    fused = cpu_layers.rms_norm(x, weight, 1e-5), cpu_layers.silu_and_mul(x)
+    monkeypatch.setenv("FERRY_CPU_KERNELS", "0")
+    assert not cpu_layers.fused_ops_usable(x)
+    plain = cpu_layers.rms_norm(x, weight, 1e-5), cpu_layers.silu_and_mul(x)
+    for a, b in zip(fused, plain):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
