@@ -27,7 +27,8 @@ def build_engine(settings: WorkerSettings):
     config = EngineConfig(block_size=settings.block_size, num_kv_blocks=settings.num_kv_blocks,
                           max_num_seqs=settings.max_running,
                           max_num_batched_tokens=max(settings.max_batch_tokens, settings.max_running),
-                          role=settings.role, device=settings.device, dtype=settings.dtype or None)
+                          role=settings.role, device=settings.device, dtype=settings.dtype or None,
+                          kv_cache_dtype=settings.kv_cache_dtype or None)
     return LLMEngine.from_model_path(settings.model, config)
 
 
@@ -47,11 +48,11 @@ async def serve(settings: WorkerSettings) -> int:
         raise SystemExit("ferry worker: FERRY_MODEL must name a checkpoint folder")
     engine = await asyncio.to_thread(build_engine, settings)
     log.info("%s worker %s: model %s (%s), %d KV blocks", settings.role, settings.worker_id, settings.model,
-             engine.lm.fingerprint, engine.stats().kv_blocks_total)
+             engine.kv_namespace, engine.stats().kv_blocks_total)
     nc = await connect(settings.nats_url, f"worker-{settings.worker_id}")
     await ensure_work_stream(nc.jetstream())
     transport = RedisTransport(settings.redis_url)
-    worker = make_worker(nc, settings, engine, KvStore(transport, engine.lm.fingerprint))
+    worker = make_worker(nc, settings, engine, KvStore(transport, engine.kv_namespace))
     await worker.start()
     start_metrics_server(settings.metrics_port)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -22,6 +23,9 @@ class WorkerSettings(ServiceSettings):
     load_interval_s: float = Field(default=1.0, gt=0, description="seconds between load reports")
     device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:1, ...")
     dtype: str = Field(default="", description="model dtype (float32, bfloat16, ...); '' keeps the checkpoint's")
+    kv_cache_dtype: Literal["", "float32", "bfloat16", "float16"] = Field(
+        default="", description="KV cache dtype; '' = the model's. bfloat16 under an fp32 model halves KV memory "
+        "and CPU decode attention's reads; every worker of a deployment should use the same")
     handoff_timeout_s: float = Field(default=60.0, gt=0,
                                      description="prefill: how long to retry a hand-off nobody takes")
     ack_wait_s: float = Field(default=30.0, gt=0, description="JetStream lease of a pulled message")

@@ -83,7 +83,7 @@ class System:
         engine = await asyncio.to_thread(build_engine, settings)
         nc = await self._connect()
         transport = RedisTransport(self.redis_url)
-        worker = make_worker(nc, settings, engine, KvStore(transport, engine.lm.fingerprint))
+        worker = make_worker(nc, settings, engine, KvStore(transport, engine.kv_namespace))
         await worker.start()
         await worker.service.start(nc)
         self.tasks += [asyncio.create_task(c) for c in worker.background()]

@@ -44,7 +44,7 @@ def _tables(lens: list[int], gen: torch.Generator, extra_cols: int = 2) -> tuple
 
 @pytest.mark.parametrize("layout", ["head_major", "token_major"])
 @pytest.mark.parametrize("window", [None, 20])
-@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("group", [1, 2, 3, 4])
 def test_fused_matches_reference(group, window, layout):
     gen = torch.Generator().manual_seed(group * 7 + (window or 0))
     kv_heads, dim = 2, 64
@@ -81,11 +81,19 @@ def test_mla_value_cache_is_a_prefix_slice_of_the_key_cache():
                                atol=1e-5, rtol=1e-5)
 
 
-def test_reduced_precision_cache_accumulates_in_fp32():
-    gen = torch.Generator().manual_seed(4)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dim,group", [(64, 2), (128, 3), (24, 2)])  # compiled-in sizes, odd groups, remainders
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous_rows", "strided_elements"])
+def test_reduced_precision_cache_accumulates_in_fp32(dtype, dim, group, strided):
+    """bf16 rows are widened in registers and fp16 / strided rows through a buffer: all equal fp32 math
+    on the same (rounded) values."""
+    gen = torch.Generator().manual_seed(4 + dim + group)
     tables, num_blocks = _tables(LENS, gen)
-    k_cache, v_cache = (_cache(num_blocks, 2, 64, "head_major", gen).to(torch.bfloat16) for _ in "kv")
-    q, lens = torch.randn(len(LENS), 4, 64, generator=gen), torch.tensor(LENS)
+    k_cache, v_cache = (_cache(num_blocks, 2, dim * (2 if strided else 1), "head_major", gen).to(dtype)
+                        for _ in "kv")
+    if strided:
+        k_cache, v_cache = k_cache[..., ::2], v_cache[..., ::2]
+    q, lens = torch.randn(len(LENS), 2 * group, dim, generator=gen), torch.tensor(LENS)
     got = fused(q, k_cache, v_cache, tables, lens, 0.125)
     expected = ref.paged_decode_attention(q, k_cache.float(), v_cache.float(), tables, lens, 0.125)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
@@ -158,10 +166,12 @@ def test_prefill_chunk_on_cached_context_matches_sdpa(context_len, length, windo
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("arch", ["llama", "mistral", "deepseek-v3"])
-def test_model_with_kernel_matches_reference_path(arch, tmp_path, monkeypatch):
+def test_model_with_kernel_matches_reference_path(arch, kv_dtype, tmp_path, monkeypatch):
     """The whole model (GQA, sliding window, MLA), a mixed prefill/decode batch (one chunk on a cached
-    context, so the chunk path runs too), FERRY_CPU_KERNELS=1 vs 0."""
+    context, so the chunk path runs too), FERRY_CPU_KERNELS=1 vs 0 (which also switches the fused norm,
+    activation, rotary and K/V write back to plain torch), on an fp32 and a bf16 cache."""
     from ferry.model import AttentionMetadata, load_model
     from ferry.model.make_model import make_model
 
@@ -169,7 +179,7 @@ def test_model_with_kernel_matches_reference_path(arch, tmp_path, monkeypatch):
     logits = {}
     for switch in ("1", "0"):
         monkeypatch.setenv("FERRY_CPU_KERNELS", switch)
-        kv, gen = lm.model.make_kv_cache(16, BS), torch.Generator().manual_seed(5)
+        kv, gen = lm.model.make_kv_cache(16, BS, dtype=kv_dtype), torch.Generator().manual_seed(5)
         tables = [[3, 4, 5], [6], [7, 8, 9]]
         steps = [([30, 9, 20], [0, 0, 0]), ([1, 1, 12], [30, 9, 20]), ([1, 1, 1], [31, 10, 32])]
         logits[switch] = []

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 BATCHING_MODES = ("dynamic", "static")
 ENGINE_ROLES = ("both", "prefill", "decode")
+KV_CACHE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(slots=True)
@@ -29,6 +30,11 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str | None = None
     """Model dtype; None keeps the checkpoint's."""
+    kv_cache_dtype: str | None = None
+    """dtype of the paged KV cache, one of KV_CACHE_DTYPES; None: the model's. 'bfloat16' under an fp32
+    model halves the memory per cached token and the bytes CPU decode attention reads (the fused kernel
+    widens rows in registers and still computes in fp32); keys and values are rounded to bf16 once, when
+    written. Blocks then live in their own KV-store namespace (LLMEngine.kv_namespace)."""
     seed: int = 0
     """Seed of the engine's generator for requests without their own seed."""
     detokenize: bool = True
@@ -45,6 +51,8 @@ class EngineConfig:
                  self.max_num_batched_tokens, f"must be >= max_num_seqs ({self.max_num_seqs})")
         _require(self.batching in BATCHING_MODES, "batching", self.batching, f"must be one of {BATCHING_MODES}")
         _require(self.role in ENGINE_ROLES, "role", self.role, f"must be one of {ENGINE_ROLES}")
+        _require(self.kv_cache_dtype is None or self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
+                 self.kv_cache_dtype, f"must be None or one of {KV_CACHE_DTYPES}")
 
 
 def _require(ok: bool, name: str, value: object, problem: str) -> None:

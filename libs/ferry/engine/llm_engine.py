@@ -29,7 +29,7 @@ class LLMEngine:
         self.lm = lm
         self.config = config = config or EngineConfig()
         num_blocks = config.num_kv_blocks or self._blocks_for_memory(lm, config)
-        self.runner = ModelRunner(lm, num_blocks, config.block_size, config.device)
+        self.runner = ModelRunner(lm, num_blocks, config.block_size, config.device, _kv_dtype(config))
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    static_batching=config.batching == "static")
@@ -43,6 +43,15 @@ class LLMEngine:
     def from_model_path(cls, path: str | Path, config: EngineConfig | None = None) -> "LLMEngine":
         config = config or EngineConfig()
         return cls(load_model(path, device=config.device, dtype=config.dtype), config)
+
+    @property
+    def kv_namespace(self) -> str:
+        """Where this engine's KV blocks live in the KV store: the model fingerprint, plus the cache's
+        dtype when that differs from the model's (such blocks only load into a cache of that dtype)."""
+        kv_dtype, model_dtype = self.runner.kv.dtype, self.lm.model.lm_head.weight.dtype
+        if kv_dtype == model_dtype:
+            return self.lm.fingerprint
+        return f"{self.lm.fingerprint}-kv-{str(kv_dtype).removeprefix('torch.')}"
 
     @property
     def tokenizer(self):
@@ -203,5 +212,9 @@ class LLMEngine:
 
     @staticmethod
     def _blocks_for_memory(lm: LoadedModel, config: EngineConfig) -> int:
-        per_block = ModelRunner.block_bytes(lm, config.block_size)
+        per_block = ModelRunner.block_bytes(lm, config.block_size, _kv_dtype(config))
         return max(1, int(config.kv_cache_memory_gb * 2**30 // per_block))
+
+
+def _kv_dtype(config: EngineConfig) -> torch.dtype | None:
+    return getattr(torch, config.kv_cache_dtype) if config.kv_cache_dtype else None

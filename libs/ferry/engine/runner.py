@@ -10,11 +10,13 @@ from ferry.model import AttentionMetadata, LoadedModel
 
 
 class ModelRunner:
-    def __init__(self, lm: LoadedModel, num_blocks: int, block_size: int, device: str = "cpu") -> None:
+    def __init__(self, lm: LoadedModel, num_blocks: int, block_size: int, device: str = "cpu",
+                 kv_dtype: torch.dtype | None = None) -> None:
+        """kv_dtype: the KV cache's dtype; None: the model's."""
         self.lm = lm
         self.device = device
         self.block_size = block_size
-        self.kv = lm.model.make_kv_cache(num_blocks, block_size, device)
+        self.kv = lm.model.make_kv_cache(num_blocks, block_size, device, dtype=kv_dtype)
         if torch.device(device).type == "cpu":
             fused_decode_enabled()  # builds (or loads) the CPU kernel now, not during the first request's step
 
@@ -35,9 +37,9 @@ class ModelRunner:
         return self.lm.model(ids, pos, meta, self.kv)
 
     @staticmethod
-    def block_bytes(lm: LoadedModel, block_size: int) -> int:
+    def block_bytes(lm: LoadedModel, block_size: int, kv_dtype: torch.dtype | None = None) -> int:
         """Bytes one KV block takes, to size the pool from a memory budget."""
-        probe = lm.model.make_kv_cache(1, block_size, "cpu")
+        probe = lm.model.make_kv_cache(1, block_size, "cpu", dtype=kv_dtype)
         numel = 1
         for dim in probe.block_shape:
             numel *= dim

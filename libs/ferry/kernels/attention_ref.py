@@ -145,11 +145,12 @@ def _attend_bucket(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     k_scratch, v_scratch = scratch or (None, None)
     # keep the gather's head-major order [Hkv, b, S, D]: flattening it to [Hkv*b, S, D] is a view,
     # so the batched matmuls below read the gathered cache with no further copy
-    k = _gather_heads(k_cache, bucket.flat_blocks, batch, k_scratch).flatten(0, 1)  # [Hkv*b, S, D]
+    # a cache in another dtype than q (a bf16 cache under an fp32 model) is widened after the gather
+    k = _gather_heads(k_cache, bucket.flat_blocks, batch, k_scratch).flatten(0, 1).to(q.dtype)  # [Hkv*b, S, D]
     if _is_prefix_slice(v_cache, k_cache):  # MLA: values are the latent part of the gathered keys
         v = k[..., : v_cache.shape[-1]]
     else:
-        v = _gather_heads(v_cache, bucket.flat_blocks, batch, v_scratch).flatten(0, 1)  # [Hkv*b, S, Dv]
+        v = _gather_heads(v_cache, bucket.flat_blocks, batch, v_scratch).flatten(0, 1).to(q.dtype)  # [Hkv*b, S, Dv]
     # heads sharing a KV head are extra query rows of one matmul: no K/V repeat. Plain baddbmm/bmm
     # beat CPU SDPA here (~2x at G=2 query rows): its flash tiling does not pay off for so few rows
     group, width = heads // kv_heads, bucket.bias.shape[-1]
@@ -166,6 +167,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context
     covering positions 0..S-1 (S = context_len + L) -> [L, H, Dv]; causal, optional sliding window."""
     length, heads, _ = q.shape
     kv_heads = k.shape[1]
+    k, v = k.to(q.dtype), v.to(q.dtype)  # K/V gathered from a cache of another dtype (bf16 under fp32)
     # 4-D [1, H, L|S, D]: torch's fused CPU attention kernel takes only 4-D inputs (3-D falls back to math)
     qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
     if kv_heads != heads:  # repeat K/V heads: SDPA's enable_gqa falls back to the slow math path on CPU

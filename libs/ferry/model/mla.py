@@ -71,7 +71,9 @@ class MLAttention(nn.Module):
             out[rows] = self._decode(q_nope[rows], q_pe[rows], cache, meta)
         for i in meta.prefill_rows:
             start, end, ctx = meta.query_starts[i], meta.query_starts[i + 1], meta.context_lens[i]
-            seq = entry[start:end] if ctx == 0 else gather_seq(cache, meta.block_tables[i], ctx + end - start)
+            # a cache of another dtype (bf16 under fp32) is widened once gathered
+            seq = entry[start:end] if ctx == 0 else gather_seq(cache, meta.block_tables[i],
+                                                               ctx + end - start).to(entry.dtype)
             out[start:end] = self._prefill(q_nope[start:end], q_pe[start:end], seq, ctx)
         return self.o_proj(out.view(tokens, -1))
 

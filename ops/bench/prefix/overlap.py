@@ -100,7 +100,7 @@ async def measure_overlap(model_dir: str, nats_url: str, redis_url: str, num_req
         conns.append(nc)
         transport = RedisTransport(redis_url)
         closers.append(transport.close)
-        worker = make_worker(nc, settings, engine, RecordingStore(KvStore(transport, engine.lm.fingerprint),
+        worker = make_worker(nc, settings, engine, RecordingStore(KvStore(transport, engine.kv_namespace),
                                                                    timelines[role]))
         _record_steps(worker, timelines[role])
         await worker.start()
