@@ -2,9 +2,10 @@
 reference path) vs transformers' forward with its own KV cache.
 
 Same checkpoint (a `ferry make-model --size bench` Llama unless --model is given), same batch of
-sequences with the same context, same fed tokens; the three sides' decode steps are interleaved
-step by step so machine noise hits all alike (the two ferry sides share the weights and differ only
-in FERRY_CPU_KERNELS). Also measures this machine's dense fp32 matmul rate in the same run and
+sequences with the same context, same fed tokens; the four sides' decode steps are interleaved
+step by step so machine noise hits all alike (the ferry sides share the weights and differ only
+in FERRY_CPU_KERNELS, or in the KV cache's dtype: fp32 like the model, or bf16 as
+EngineConfig.kv_cache_dtype='bfloat16' gives; the math stays fp32 on every side). Also measures this machine's dense fp32 matmul rate in the same run and
 reports model FLOP/s as a fraction of it (of the run's best rate, and of one-matmul probes timed
 between the steps, which see the same load as the steps). --contexts adds a sweep of ferry fused vs reference over
 context lengths (cache filled with random K/V instead of a prefill, so it stays cheap).
@@ -80,15 +81,17 @@ def decode_flops(cfg, batch: int, context: int) -> float:
 
 
 class FerrySide:
-    """One ferry decode batch with its own KV cache; fused picks the CPU decode kernel or the torch reference."""
+    """One ferry decode batch with its own KV cache; fused picks the CPU decode kernel or the torch reference,
+    kv_dtype the cache's dtype (None: the model's)."""
 
-    def __init__(self, lm, batch: int, context: int, block_size: int, steps: int, fused: bool = True) -> None:
+    def __init__(self, lm, batch: int, context: int, block_size: int, steps: int, fused: bool = True,
+                 kv_dtype: torch.dtype | None = None) -> None:
         from ferry.model import AttentionMetadata
 
         self.meta_cls, self.lm, self.fused = AttentionMetadata, lm, fused
         self.batch, self.block_size, self.context = batch, block_size, context
         blocks = -(-(context + steps + 1) // block_size)
-        self.kv = self.lm.model.make_kv_cache(batch * blocks, block_size)
+        self.kv = self.lm.model.make_kv_cache(batch * blocks, block_size, dtype=kv_dtype)
         self.tables = [list(range(i * blocks, (i + 1) * blocks)) for i in range(batch)]
 
     def prefill(self, prompts: torch.Tensor) -> torch.Tensor:  # [B, C] -> [B, vocab]
@@ -153,6 +156,8 @@ def run(args: argparse.Namespace, path: Path) -> dict:
     rate_before = matmul_rate()
     lm = load_model(path)
     sides = {"ferry": FerrySide(lm, args.batch, args.context, args.block_size, args.steps, fused=True),
+             "ferry_bf16_kv": FerrySide(lm, args.batch, args.context, args.block_size, args.steps, fused=True,
+                                        kv_dtype=torch.bfloat16),
              "ferry_reference": FerrySide(lm, args.batch, args.context, args.block_size, args.steps, fused=False),
              "transformers": TransformersSide(path)}
     prefill_s, logits = {}, {}
@@ -161,13 +166,16 @@ def run(args: argparse.Namespace, path: Path) -> dict:
     max_diff = float((logits["ferry"] - logits["transformers"]).abs().max())
     tokens = logits["ferry"].argmax(-1)
     times, cpu_times, agree, probes = {name: [] for name in sides}, {name: [] for name in sides}, 0, []
+    same_as_fp32_kv = 0  # tokens where the bf16-cache side's greedy choice equals the fp32-cache side's
     for _ in range(args.steps + 2):  # all fed the same tokens; the first two steps are warm-up
         for name, side in sides.items():
             logits[name], dt, cpu = timed(side.step, tokens)
             times[name].append(dt)
             cpu_times[name].append(cpu)
         probes.append(matmul_probe())
-        agree += int(all(torch.equal(logits["ferry"].argmax(-1), out.argmax(-1)) for out in logits.values()))
+        exact = [out for name, out in logits.items() if name != "ferry_bf16_kv"]
+        agree += int(all(torch.equal(logits["ferry"].argmax(-1), out.argmax(-1)) for out in exact))
+        same_as_fp32_kv += int((logits["ferry_bf16_kv"].argmax(-1) == logits["ferry"].argmax(-1)).sum())
         tokens = logits["ferry"].argmax(-1)
     os.environ.pop("FERRY_CPU_KERNELS", None)
     sweep = [sweep_point(lm, args, c) for c in parse_contexts(args.contexts)]
@@ -179,7 +187,8 @@ def run(args: argparse.Namespace, path: Path) -> dict:
     med = {name: statistics.median(t) for name, t in times.items()}
     return {
         "workload": {"batch": args.batch, "context_tokens": args.context, "timed_steps": args.steps,
-                     "block_size": args.block_size, "dtype": "float32", "model": str(path)},
+                     "block_size": args.block_size, "dtype": "float32",
+                     "kv_cache_dtype": "float32 (ferry_bf16_kv: bfloat16)", "model": str(path)},
         "machine": {"platform": platform.platform(), "torch": torch.__version__,
                     "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
                     "load_avg_1m_end": os.getloadavg()[0], "matmul_flops_per_s": rate,
@@ -194,7 +203,8 @@ def run(args: argparse.Namespace, path: Path) -> dict:
         "fused_vs_reference_per_step_pair_median": statistics.median(
             r / f for r, f in zip(times["ferry_reference"], times["ferry"])),
         "prefill_logits_max_abs_diff": max_diff,
-        "steps_with_identical_greedy_tokens": f"{agree}/{args.steps + 2} (all three sides)",
+        "steps_with_identical_greedy_tokens": f"{agree}/{args.steps + 2} (ferry, ferry_reference, transformers)",
+        "bf16_kv_greedy_tokens_equal_to_fp32_kv": f"{same_as_fp32_kv}/{(args.steps + 2) * args.batch}",
         "context_sweep": [{"context_tokens": p["context_tokens"], "flops_per_step": p["flops_per_step"],
                            "fused_vs_reference_per_step_pair_median": statistics.median(
                                r / f for r, f in zip(p["reference"], p["fused"])),
@@ -226,9 +236,10 @@ def sweep_point(lm, args: argparse.Namespace, context: int) -> dict:
     return {"context_tokens": context, "fused": times[0][1:], "reference": times[1][1:], "flops_per_step": flops}
 
 
-NAMES = {"ferry": "ferry (fused CPU kernel)", "ferry_reference": "ferry (torch reference)",
-         "transformers": "transformers (DynamicCache)"}
-COLORS = {"ferry": "tab:blue", "ferry_reference": "tab:cyan", "transformers": "tab:orange"}
+NAMES = {"ferry": "ferry (fused CPU kernel)", "ferry_bf16_kv": "ferry (fused, bf16 KV cache)",
+         "ferry_reference": "ferry (torch reference)", "transformers": "transformers (DynamicCache)"}
+COLORS = {"ferry": "tab:blue", "ferry_bf16_kv": "tab:purple", "ferry_reference": "tab:cyan",
+          "transformers": "tab:orange"}
 
 
 def plot(result: dict, file: Path) -> None:
@@ -240,12 +251,14 @@ def plot(result: dict, file: Path) -> None:
     sweep = result["context_sweep"]
     fig, axes = plt.subplots(1, 3 if sweep else 2, figsize=(16 if sweep else 11, 4))
     left, right = axes[0], axes[1]
-    left.bar([NAMES[n].replace(" (", "\n(") for n in NAMES], [result[n]["tokens_per_s"] for n in NAMES],
-             color=list(COLORS.values()))
+    left.bar([NAMES[n].replace(" (", "\n").replace(", ", "\n").rstrip(")") for n in NAMES],
+             [result[n]["tokens_per_s"] for n in NAMES], color=list(COLORS.values()))
+    left.tick_params(axis="x", labelsize=8)
     left.set_ylabel("decode tokens/s (median step)")
     w = result["workload"]
-    left.set_title(f"batch {w['batch']}, context ~{w['context_tokens']}, fp32; ferry "
-                   f"{result['ferry']['fraction_of_matmul_rate']:.0%} of matmul rate", fontsize=9)
+    left.set_title(f"batch {w['batch']}, context ~{w['context_tokens']}, fp32 math; of the matmul rate: ferry "
+                   f"{result['ferry']['fraction_of_matmul_rate']:.0%}, with a bf16 KV cache "
+                   f"{result['ferry_bf16_kv']['fraction_of_matmul_rate']:.0%}", fontsize=9)
     for name in NAMES:
         right.plot([t * 1e3 for t in result[name]["step_s_all"]], marker="o", label=NAMES[name], color=COLORS[name])
     right.set_xlabel("decode step (interleaved)")
@@ -278,8 +291,10 @@ def main() -> None:
         result = run(args, path)
     (args.out / "model_decode.json").write_text(json.dumps(result, indent=2))
     plot(result, args.out / "model_decode.png")
-    f, r, h = result["ferry"], result["ferry_reference"], result["transformers"]
+    f, b, r, h = result["ferry"], result["ferry_bf16_kv"], result["ferry_reference"], result["transformers"]
     print(f"ferry fused {f['tokens_per_s']:.0f} tok/s ({f['fraction_of_matmul_rate']:.1%} of matmul rate), "
+          f"with a bf16 KV cache {b['tokens_per_s']:.0f} tok/s ({b['fraction_of_matmul_rate']:.1%}, greedy tokens "
+          f"equal to fp32 KV's: {result['bf16_kv_greedy_tokens_equal_to_fp32_kv']}), "
           f"[by CPU time {f['fraction_of_matmul_rate_cpu_time']:.1%} vs reference "
           f"{r['fraction_of_matmul_rate_cpu_time']:.1%}], "
           f"ferry reference {r['tokens_per_s']:.0f} tok/s ({r['fraction_of_matmul_rate']:.1%}), "
