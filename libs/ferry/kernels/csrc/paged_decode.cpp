@@ -149,7 +149,10 @@ inline void accumulate(float* __restrict acc0, float* __restrict acc1, const R* 
   if (w == kChunk) {
     vecf part0[4], part1[4];
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) part0[c] = loadv(acc0 + c * kLanes), part1[c] = acc1 ? loadv(acc1 + c * kLanes) : vecf{};
+    for (int c = 0; c < 4; ++c) {
+      part0[c] = loadv(acc0 + c * kLanes);
+      part1[c] = acc1 != nullptr ? loadv(acc1 + c * kLanes) : vecf{};
+    }
     if (acc1 != nullptr) {
       for (int64_t j = 0; j < n; ++j) {
         const R* vr = rows[j] + d0;
@@ -216,8 +219,8 @@ void attend(const Item& it, const Item* following, const CacheView<T>& k, const 
     for (int64_t g = 0; g < group; g += 2) {
       const bool pair = g + 1 < group;
       float* sc = s.scores.data() + g * kTile;
-      score_rows<kD, R>(s.q.data() + g * dim, pair ? s.q.data() + (g + 1) * dim : nullptr, s.krows.data(), n, dim, sc,
-                     sc + kTile, s.ahead.data(), g == 0 ? num_ahead : 0, k_bytes, v_bytes);
+      score_rows<kD, R>(s.q.data() + g * dim, pair ? s.q.data() + (g + 1) * dim : nullptr, s.krows.data(), n, dim,
+                        sc, sc + kTile, s.ahead.data(), g == 0 ? num_ahead : 0, k_bytes, v_bytes);
     }
     for (int64_t g = 0; g < group; ++g)
       softmax_tile(s.scores.data() + g * kTile, n, s.acc.data() + g * dim_v, dim_v, s.max[g], s.sum[g]);
