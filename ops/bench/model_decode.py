@@ -5,10 +5,11 @@ Same checkpoint (a `ferry make-model --size bench` Llama unless --model is given
 sequences with the same context, same fed tokens; the four sides' decode steps are interleaved
 step by step so machine noise hits all alike (the ferry sides share the weights and differ only
 in FERRY_CPU_KERNELS, or in the KV cache's dtype: fp32 like the model, or bf16 as
-EngineConfig.kv_cache_dtype='bfloat16' gives; the math stays fp32 on every side). Also measures this machine's dense fp32 matmul rate in the same run and
-reports model FLOP/s as a fraction of it (of the run's best rate, and of one-matmul probes timed
-between the steps, which see the same load as the steps). --contexts adds a sweep of ferry fused vs reference over
-context lengths (cache filled with random K/V instead of a prefill, so it stays cheap).
+EngineConfig.kv_cache_dtype='bfloat16' gives; the math stays fp32 on every side). Also measures this
+machine's dense fp32 matmul rate in the same run and reports model FLOP/s as a fraction of it (of
+the run's best rate, and of one-matmul probes timed between the steps, which see the same load as the
+steps). --contexts adds a sweep of ferry fused vs reference over context lengths (cache filled with
+random K/V instead of a prefill, so it stays cheap).
 Writes <out>/model_decode.json and .png.
 
     python ops/bench/model_decode.py --out ops/bench/reports/model_decode

@@ -62,8 +62,8 @@ def _build():
     if os.environ.get("FERRY_KERNEL_CACHE"):
         build_dir = Path(os.environ["FERRY_KERNEL_CACHE"]) / name
         build_dir.mkdir(parents=True, exist_ok=True)
-    load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=CFLAGS, build_directory=build_dir and str(build_dir),
-         is_python_module=False, verbose=False)
+    load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=CFLAGS,
+         build_directory=build_dir and str(build_dir), is_python_module=False, verbose=False)
     return torch.ops.ferry_cpu.paged_decode_attention
 
 
