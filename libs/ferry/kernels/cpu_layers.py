@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ferry.kernels import attention_ref
-from ferry.kernels.cpu_decode import fused_decode_enabled
+from ferry.kernels.cpu_decode import SUPPORTED_CACHE_DTYPES, fused_decode_enabled
 
 
 def fused_ops_usable(*tensors: torch.Tensor) -> bool:
@@ -52,7 +52,7 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 def write_kv(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
     """cache [N, bs, H, D] slot rows slot_mapping [T] = values [T, H, D] (converted to the cache's dtype)."""
     if (values.dim() == 3 and cache.device.type == "cpu" and cache.stride(-1) == 1
-            and cache.dtype in (torch.float32, torch.bfloat16, torch.float16) and fused_ops_usable(values)):
+            and cache.dtype in SUPPORTED_CACHE_DTYPES and fused_ops_usable(values)):
         torch.ops.ferry_cpu.write_kv(cache, slot_mapping.contiguous(), values)
         return
     attention_ref.write_kv(cache, slot_mapping, values)
