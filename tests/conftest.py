@@ -47,8 +47,9 @@ def _container(image: str, port: int, command: str, scheme: str, path: str = "")
 
 
 @contextlib.contextmanager
-def _server_url(env_var: str, image: str, port: int, command: str, scheme: str, path: str,
-                start_local) -> Iterator[str]:
+def _server_url(
+    env_var: str, image: str, port: int, command: str, scheme: str, path: str, start_local
+) -> Iterator[str]:
     if os.environ.get(env_var):
         yield os.environ[env_var]
     elif _docker_available():
@@ -67,8 +68,7 @@ def nats_url() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    with _server_url("REDIS_URL", "redis:7-alpine", 6379, "redis-server --save ''", "redis", "/0",
-                     start_redis) as url:
+    with _server_url("REDIS_URL", "redis:7-alpine", 6379, "redis-server --save ''", "redis", "/0", start_redis) as url:
         yield url
 
 

@@ -49,7 +49,7 @@ def _load(module_name: str):
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("ferry"):
-            raise SystemExit(f"ferry: this subcommand is not available in this build ({exc.name})")
+            raise SystemExit(f"ferry: this subcommand is not available in this build ({exc.name})") from None
         raise
 
 

@@ -22,7 +22,7 @@ are a public interface: add new ones freely, never rename or relabel an existing
 | ferry_batch_size | histogram | role | workers: sequences in one engine step |
 | ferry_worker_queue_depth | gauge | role, worker | balancers: work queued on each worker's JetStream consumer |
 | ferry_migrations_total | counter | reason | gateway: requests resubmitted after losing their worker |
-| ferry_errors_total | counter | service, kind | everyone: errors replied or logged (kind = exception class or ErrorReply code) |
+| ferry_errors_total | counter | service, kind | everyone: errors (kind: exception class, ErrorReply code) |
 
 Hit rates are ratios of counter rates, e.g.
 `rate(ferry_prefix_cache_hits_total[5m]) / rate(ferry_prefix_cache_queries_total[5m])`.
@@ -43,9 +43,7 @@ ITL_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
 E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
-REQUESTS_RUNNING = Gauge(
-    "ferry_requests_running", "Sequences in a worker's running batch.", ["role"]
-)
+REQUESTS_RUNNING = Gauge("ferry_requests_running", "Sequences in a worker's running batch.", ["role"])
 REQUESTS_WAITING = Gauge(
     "ferry_requests_waiting", "Sequences queued in a worker's engine, not yet scheduled.", ["role"]
 )
@@ -56,7 +54,8 @@ TIME_TO_FIRST_TOKEN = Histogram(
     "ferry_time_to_first_token_seconds", "Request accepted to first token sent.", buckets=TTFT_BUCKETS_S
 )
 INTER_TOKEN_LATENCY = Histogram(
-    "ferry_inter_token_latency_seconds", "Gap between consecutive token events of one request.",
+    "ferry_inter_token_latency_seconds",
+    "Gap between consecutive token events of one request.",
     buckets=ITL_BUCKETS_S,
 )
 E2E_REQUEST_LATENCY = Histogram(
@@ -64,32 +63,35 @@ E2E_REQUEST_LATENCY = Histogram(
 )
 PROMPT_TOKENS = Counter("ferry_prompt_tokens", "Prompt tokens of accepted requests.")
 GENERATION_TOKENS = Counter("ferry_generation_tokens", "Generated tokens streamed to clients.")
-KV_CACHE_USAGE = Gauge(
-    "ferry_kv_cache_usage_ratio", "Used / total paged KV blocks of a worker (0..1).", ["role"]
-)
-PREFIX_CACHE_QUERIES = Counter(
-    "ferry_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", ["role"]
-)
-PREFIX_CACHE_HITS = Counter(
-    "ferry_prefix_cache_hits", "Prompt tokens found in the prefix cache.", ["role"]
-)
+KV_CACHE_USAGE = Gauge("ferry_kv_cache_usage_ratio", "Used / total paged KV blocks of a worker (0..1).", ["role"])
+PREFIX_CACHE_QUERIES = Counter("ferry_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", ["role"])
+PREFIX_CACHE_HITS = Counter("ferry_prefix_cache_hits", "Prompt tokens found in the prefix cache.", ["role"])
 KV_STORE_LOOKUPS = Counter("ferry_kv_store_lookups", "Blocks asked for in KV store prefix lookups.")
 KV_STORE_HITS = Counter("ferry_kv_store_hits", "Blocks found stored in the KV store.")
-BATCH_SIZE = Histogram(
-    "ferry_batch_size", "Sequences in one engine step.", ["role"], buckets=BATCH_BUCKETS
-)
+BATCH_SIZE = Histogram("ferry_batch_size", "Sequences in one engine step.", ["role"], buckets=BATCH_BUCKETS)
 WORKER_QUEUE_DEPTH = Gauge(
     "ferry_worker_queue_depth", "Messages queued on a worker's JetStream consumer.", ["role", "worker"]
 )
-MIGRATIONS = Counter(
-    "ferry_migrations", "Requests resubmitted after losing their worker.", ["reason"]
-)
+MIGRATIONS = Counter("ferry_migrations", "Requests resubmitted after losing their worker.", ["reason"])
 ERRORS = Counter("ferry_errors", "Errors replied or logged, by service and kind.", ["service", "kind"])
 
 ALL_METRICS = (
-    REQUESTS_RUNNING, REQUESTS_WAITING, REQUESTS_FINISHED, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY,
-    E2E_REQUEST_LATENCY, PROMPT_TOKENS, GENERATION_TOKENS, KV_CACHE_USAGE, PREFIX_CACHE_QUERIES,
-    PREFIX_CACHE_HITS, KV_STORE_LOOKUPS, KV_STORE_HITS, BATCH_SIZE, WORKER_QUEUE_DEPTH, MIGRATIONS,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    REQUESTS_FINISHED,
+    TIME_TO_FIRST_TOKEN,
+    INTER_TOKEN_LATENCY,
+    E2E_REQUEST_LATENCY,
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    KV_CACHE_USAGE,
+    PREFIX_CACHE_QUERIES,
+    PREFIX_CACHE_HITS,
+    KV_STORE_LOOKUPS,
+    KV_STORE_HITS,
+    BATCH_SIZE,
+    WORKER_QUEUE_DEPTH,
+    MIGRATIONS,
     ERRORS,
 )
 """Every ferry metric object, for tests and for the dashboard check."""

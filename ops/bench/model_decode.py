@@ -39,8 +39,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=16, help="decode steps timed per system")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
-    p.add_argument("--contexts", default="", help="comma-separated context lengths for the fused-vs-reference "
-                   "sweep, e.g. 64,256,1024 (default: none)")
+    p.add_argument(
+        "--contexts",
+        default="",
+        help="comma-separated context lengths for the fused-vs-reference sweep, e.g. 64,256,1024 (default: none)",
+    )
     p.add_argument("--sweep-steps", type=int, default=6, help="decode steps timed per side and context in the sweep")
     p.add_argument("--out", type=Path, default=Path("ops/bench/reports/model_decode"))
     return p.parse_args()
@@ -85,8 +88,16 @@ class FerrySide:
     """One ferry decode batch with its own KV cache; fused picks the CPU decode kernel or the torch reference,
     kv_dtype the cache's dtype (None: the model's)."""
 
-    def __init__(self, lm, batch: int, context: int, block_size: int, steps: int, fused: bool = True,
-                 kv_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        lm,
+        batch: int,
+        context: int,
+        block_size: int,
+        steps: int,
+        fused: bool = True,
+        kv_dtype: torch.dtype | None = None,
+    ) -> None:
         from ferry.model import AttentionMetadata
 
         self.meta_cls, self.lm, self.fused = AttentionMetadata, lm, fused
@@ -131,20 +142,35 @@ def timed(fn, *args):
     return out, time.perf_counter() - t0, time.thread_time() - c0
 
 
-def summarize(times: list[float], batch: int, flops: float, rate: float, probes: dict | None = None,
-              cpu_times: list[float] | None = None) -> dict:
+def summarize(
+    times: list[float],
+    batch: int,
+    flops: float,
+    rate: float,
+    probes: dict | None = None,
+    cpu_times: list[float] | None = None,
+) -> dict:
     """rate: the best matmul rate of the run (wall time). probes: medians of one-matmul probes timed
     between the steps, by wall time and by CPU time; on a shared, busy box the CPU-time fraction (step
     CPU time vs matmul CPU time, 1 thread) is the one the other processes disturb least."""
     med = statistics.median(times)
-    out = {"step_s_median": med, "step_s_min": min(times), "step_s_all": times, "tokens_per_s": batch / med,
-           "model_flops_per_s": flops / med, "fraction_of_matmul_rate": flops / med / rate}
+    out = {
+        "step_s_median": med,
+        "step_s_min": min(times),
+        "step_s_all": times,
+        "tokens_per_s": batch / med,
+        "model_flops_per_s": flops / med,
+        "fraction_of_matmul_rate": flops / med / rate,
+    }
     if probes:
         out["fraction_of_interleaved_matmul_rate"] = flops / med / probes["wall"]
     if probes and cpu_times:
         cpu_med = statistics.median(cpu_times)
-        out |= {"step_cpu_s_median": cpu_med, "tokens_per_cpu_s": batch / cpu_med,
-                "fraction_of_matmul_rate_cpu_time": flops / cpu_med / probes["cpu"]}
+        out |= {
+            "step_cpu_s_median": cpu_med,
+            "tokens_per_cpu_s": batch / cpu_med,
+            "fraction_of_matmul_rate_cpu_time": flops / cpu_med / probes["cpu"],
+        }
     return out
 
 
@@ -156,11 +182,14 @@ def run(args: argparse.Namespace, path: Path) -> dict:
     prompts = torch.randint(0, 1024, (args.batch, args.context), generator=torch.Generator().manual_seed(0))
     rate_before = matmul_rate()
     lm = load_model(path)
-    sides = {"ferry": FerrySide(lm, args.batch, args.context, args.block_size, args.steps, fused=True),
-             "ferry_bf16_kv": FerrySide(lm, args.batch, args.context, args.block_size, args.steps, fused=True,
-                                        kv_dtype=torch.bfloat16),
-             "ferry_reference": FerrySide(lm, args.batch, args.context, args.block_size, args.steps, fused=False),
-             "transformers": TransformersSide(path)}
+    sides = {
+        "ferry": FerrySide(lm, args.batch, args.context, args.block_size, args.steps, fused=True),
+        "ferry_bf16_kv": FerrySide(
+            lm, args.batch, args.context, args.block_size, args.steps, fused=True, kv_dtype=torch.bfloat16
+        ),
+        "ferry_reference": FerrySide(lm, args.batch, args.context, args.block_size, args.steps, fused=False),
+        "transformers": TransformersSide(path),
+    }
     prefill_s, logits = {}, {}
     for name, side in sides.items():
         logits[name], prefill_s[name], _ = timed(side.prefill, prompts)
@@ -181,37 +210,63 @@ def run(args: argparse.Namespace, path: Path) -> dict:
     os.environ.pop("FERRY_CPU_KERNELS", None)
     sweep = [sweep_point(lm, args, c) for c in parse_contexts(args.contexts)]
     rate = max(rate_before, matmul_rate(), *(wall for wall, _ in probes))
-    probe_rates = {"wall": statistics.median(w for w, _ in probes[2:]), "cpu": statistics.median(c for _, c in probes[2:])}
+    probe_rates = {
+        "wall": statistics.median(w for w, _ in probes[2:]),
+        "cpu": statistics.median(c for _, c in probes[2:]),
+    }
     times = {name: t[2:] for name, t in times.items()}
     cpu_times = {name: t[2:] for name, t in cpu_times.items()}
     flops = decode_flops(lm.config, args.batch, args.context + args.steps // 2)
     med = {name: statistics.median(t) for name, t in times.items()}
     return {
-        "workload": {"batch": args.batch, "context_tokens": args.context, "timed_steps": args.steps,
-                     "block_size": args.block_size, "dtype": "float32",
-                     "kv_cache_dtype": "float32 (ferry_bf16_kv: bfloat16)", "model": str(path)},
-        "machine": {"platform": platform.platform(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-                    "load_avg_1m_end": os.getloadavg()[0], "matmul_flops_per_s": rate,
-                    "matmul_flops_per_s_interleaved_median": probe_rates["wall"],
-                    "matmul_flops_per_cpu_s_interleaved_median": probe_rates["cpu"]},
+        "workload": {
+            "batch": args.batch,
+            "context_tokens": args.context,
+            "timed_steps": args.steps,
+            "block_size": args.block_size,
+            "dtype": "float32",
+            "kv_cache_dtype": "float32 (ferry_bf16_kv: bfloat16)",
+            "model": str(path),
+        },
+        "machine": {
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(),
+            "load_avg_1m_end": os.getloadavg()[0],
+            "matmul_flops_per_s": rate,
+            "matmul_flops_per_s_interleaved_median": probe_rates["wall"],
+            "matmul_flops_per_cpu_s_interleaved_median": probe_rates["cpu"],
+        },
         "flops_per_step": flops,
-        **{name: summarize(t, args.batch, flops, rate, probe_rates, cpu_times[name]) | {"prefill_s": prefill_s[name]}
-           for name, t in times.items()},
+        **{
+            name: summarize(t, args.batch, flops, rate, probe_rates, cpu_times[name]) | {"prefill_s": prefill_s[name]}
+            for name, t in times.items()
+        },
         "speedup_median_step": med["transformers"] / med["ferry"],
         "speedup_per_step_pair_median": statistics.median(h / f for h, f in zip(times["transformers"], times["ferry"])),
         "fused_vs_reference_speedup_median_step": med["ferry_reference"] / med["ferry"],
         "fused_vs_reference_per_step_pair_median": statistics.median(
-            r / f for r, f in zip(times["ferry_reference"], times["ferry"])),
+            r / f for r, f in zip(times["ferry_reference"], times["ferry"])
+        ),
         "prefill_logits_max_abs_diff": max_diff,
         "steps_with_identical_greedy_tokens": f"{agree}/{args.steps + 2} (ferry, ferry_reference, transformers)",
         "bf16_kv_greedy_tokens_equal_to_fp32_kv": f"{same_as_fp32_kv}/{(args.steps + 2) * args.batch}",
-        "context_sweep": [{"context_tokens": p["context_tokens"], "flops_per_step": p["flops_per_step"],
-                           "fused_vs_reference_per_step_pair_median": statistics.median(
-                               r / f for r, f in zip(p["reference"], p["fused"])),
-                           "times_are": "thread CPU seconds; rate basis: the CPU-time matmul probes",
-                           **{side: summarize(p[side], args.batch, p["flops_per_step"], probe_rates["cpu"])
-                              for side in ("fused", "reference")}} for p in sweep],
+        "context_sweep": [
+            {
+                "context_tokens": p["context_tokens"],
+                "flops_per_step": p["flops_per_step"],
+                "fused_vs_reference_per_step_pair_median": statistics.median(
+                    r / f for r, f in zip(p["reference"], p["fused"])
+                ),
+                "times_are": "thread CPU seconds; rate basis: the CPU-time matmul probes",
+                **{
+                    side: summarize(p[side], args.batch, p["flops_per_step"], probe_rates["cpu"])
+                    for side in ("fused", "reference")
+                },
+            }
+            for p in sweep
+        ],
     }
 
 
@@ -232,15 +287,25 @@ def sweep_point(lm, args: argparse.Namespace, context: int) -> dict:
             t.append(timed(side.step, tokens)[2])  # CPU time: the sweep compares kernels, not the box's load
     os.environ.pop("FERRY_CPU_KERNELS", None)
     flops = decode_flops(lm.config, args.batch, context + args.sweep_steps // 2)
-    print(f"context {context}: fused {statistics.median(times[0][1:]) * 1e3:.1f} CPU-ms/step, "
-          f"reference {statistics.median(times[1][1:]) * 1e3:.1f} CPU-ms/step")
+    print(
+        f"context {context}: fused {statistics.median(times[0][1:]) * 1e3:.1f} CPU-ms/step, "
+        f"reference {statistics.median(times[1][1:]) * 1e3:.1f} CPU-ms/step"
+    )
     return {"context_tokens": context, "fused": times[0][1:], "reference": times[1][1:], "flops_per_step": flops}
 
 
-NAMES = {"ferry": "ferry (fused CPU kernel)", "ferry_bf16_kv": "ferry (fused, bf16 KV cache)",
-         "ferry_reference": "ferry (torch reference)", "transformers": "transformers (DynamicCache)"}
-COLORS = {"ferry": "tab:blue", "ferry_bf16_kv": "tab:purple", "ferry_reference": "tab:cyan",
-          "transformers": "tab:orange"}
+NAMES = {
+    "ferry": "ferry (fused CPU kernel)",
+    "ferry_bf16_kv": "ferry (fused, bf16 KV cache)",
+    "ferry_reference": "ferry (torch reference)",
+    "transformers": "transformers (DynamicCache)",
+}
+COLORS = {
+    "ferry": "tab:blue",
+    "ferry_bf16_kv": "tab:purple",
+    "ferry_reference": "tab:cyan",
+    "transformers": "tab:orange",
+}
 
 
 def plot(result: dict, file: Path) -> None:
@@ -252,14 +317,20 @@ def plot(result: dict, file: Path) -> None:
     sweep = result["context_sweep"]
     fig, axes = plt.subplots(1, 3 if sweep else 2, figsize=(16 if sweep else 11, 4))
     left, right = axes[0], axes[1]
-    left.bar([NAMES[n].replace(" (", "\n").replace(", ", "\n").rstrip(")") for n in NAMES],
-             [result[n]["tokens_per_s"] for n in NAMES], color=list(COLORS.values()))
+    left.bar(
+        [NAMES[n].replace(" (", "\n").replace(", ", "\n").rstrip(")") for n in NAMES],
+        [result[n]["tokens_per_s"] for n in NAMES],
+        color=list(COLORS.values()),
+    )
     left.tick_params(axis="x", labelsize=8)
     left.set_ylabel("decode tokens/s (median step)")
     w = result["workload"]
-    left.set_title(f"batch {w['batch']}, context ~{w['context_tokens']}, fp32 math; of the matmul rate: ferry "
-                   f"{result['ferry']['fraction_of_matmul_rate']:.0%}, with a bf16 KV cache "
-                   f"{result['ferry_bf16_kv']['fraction_of_matmul_rate']:.0%}", fontsize=9)
+    left.set_title(
+        f"batch {w['batch']}, context ~{w['context_tokens']}, fp32 math; of the matmul rate: ferry "
+        f"{result['ferry']['fraction_of_matmul_rate']:.0%}, with a bf16 KV cache "
+        f"{result['ferry_bf16_kv']['fraction_of_matmul_rate']:.0%}",
+        fontsize=9,
+    )
     for name in NAMES:
         right.plot([t * 1e3 for t in result[name]["step_s_all"]], marker="o", label=NAMES[name], color=COLORS[name])
     right.set_xlabel("decode step (interleaved)")
@@ -268,8 +339,9 @@ def plot(result: dict, file: Path) -> None:
     if sweep:
         ctx = [p["context_tokens"] for p in sweep]
         for key, name in (("fused", "ferry"), ("reference", "ferry_reference")):
-            axes[2].plot(ctx, [p[key]["tokens_per_s"] for p in sweep], marker="o", label=NAMES[name],
-                         color=COLORS[name])
+            axes[2].plot(
+                ctx, [p[key]["tokens_per_s"] for p in sweep], marker="o", label=NAMES[name], color=COLORS[name]
+            )
         axes[2].set_xscale("log", base=2)
         axes[2].set_xlabel("cached tokens per sequence")
         axes[2].set_ylabel("decode tokens per CPU second")
@@ -293,14 +365,16 @@ def main() -> None:
     (args.out / "model_decode.json").write_text(json.dumps(result, indent=2))
     plot(result, args.out / "model_decode.png")
     f, b, r, h = result["ferry"], result["ferry_bf16_kv"], result["ferry_reference"], result["transformers"]
-    print(f"ferry fused {f['tokens_per_s']:.0f} tok/s ({f['fraction_of_matmul_rate']:.1%} of matmul rate), "
-          f"with a bf16 KV cache {b['tokens_per_s']:.0f} tok/s ({b['fraction_of_matmul_rate']:.1%}, greedy tokens "
-          f"equal to fp32 KV's: {result['bf16_kv_greedy_tokens_equal_to_fp32_kv']}), "
-          f"[by CPU time {f['fraction_of_matmul_rate_cpu_time']:.1%} vs reference "
-          f"{r['fraction_of_matmul_rate_cpu_time']:.1%}], "
-          f"ferry reference {r['tokens_per_s']:.0f} tok/s ({r['fraction_of_matmul_rate']:.1%}), "
-          f"transformers {h['tokens_per_s']:.0f} tok/s; fused vs transformers {result['speedup_median_step']:.2f}x, "
-          f"fused vs reference {result['fused_vs_reference_speedup_median_step']:.2f}x -> {args.out}")
+    print(
+        f"ferry fused {f['tokens_per_s']:.0f} tok/s ({f['fraction_of_matmul_rate']:.1%} of matmul rate), "
+        f"with a bf16 KV cache {b['tokens_per_s']:.0f} tok/s ({b['fraction_of_matmul_rate']:.1%}, greedy tokens "
+        f"equal to fp32 KV's: {result['bf16_kv_greedy_tokens_equal_to_fp32_kv']}), "
+        f"[by CPU time {f['fraction_of_matmul_rate_cpu_time']:.1%} vs reference "
+        f"{r['fraction_of_matmul_rate_cpu_time']:.1%}], "
+        f"ferry reference {r['tokens_per_s']:.0f} tok/s ({r['fraction_of_matmul_rate']:.1%}), "
+        f"transformers {h['tokens_per_s']:.0f} tok/s; fused vs transformers {result['speedup_median_step']:.2f}x, "
+        f"fused vs reference {result['fused_vs_reference_speedup_median_step']:.2f}x -> {args.out}"
+    )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ class DecodePolicyConfig:
 
     def __post_init__(self) -> None:
         if self.kv_weight < 0 or self.seqs_weight < 0 or self.kv_weight + self.seqs_weight == 0:
-            raise ValueError(f"kv_weight={self.kv_weight!r}, seqs_weight={self.seqs_weight!r}: "
-                             "must be >= 0 and not both 0")
+            raise ValueError(
+                f"kv_weight={self.kv_weight!r}, seqs_weight={self.seqs_weight!r}: must be >= 0 and not both 0"
+            )
         if self.retry_after_s <= 0:
             raise ValueError(f"retry_after_s={self.retry_after_s!r} must be > 0")
 

@@ -26,10 +26,12 @@ log = logging.getLogger(__name__)
 
 class DecodeBalancer:
     def __init__(self, nc: Client, settings: DecodeBalancerSettings) -> None:
-        self.config = DecodePolicyConfig(kv_weight=settings.kv_weight, seqs_weight=settings.seqs_weight,
-                                         retry_after_s=settings.retry_after_s)
-        self.runtime = BalancerRuntime(nc, "decode", silent_after_intervals=settings.silent_after_intervals,
-                                       tick_s=settings.tick_s)
+        self.config = DecodePolicyConfig(
+            kv_weight=settings.kv_weight, seqs_weight=settings.seqs_weight, retry_after_s=settings.retry_after_s
+        )
+        self.runtime = BalancerRuntime(
+            nc, "decode", silent_after_intervals=settings.silent_after_intervals, tick_s=settings.tick_s
+        )
         self.service = Service("decode-balancer", description="places prefilled sequences on decode workers")
         self.service.endpoint(subjects.HANDOFF, Handoff, self.handoff, queue=subjects.HANDOFF_QUEUE)
         self.nc = nc
@@ -66,8 +68,7 @@ class DecodeBalancer:
             log.error("dropping an unreadable message from a silent worker's queue: %s", exc)
             return True
         if (await self.handoff(handoff)).accepted:
-            log.info("re-routed hand-off %s to decode worker %s", handoff.request.request_id,
-                     handoff.decode_worker_id)
+            log.info("re-routed hand-off %s to decode worker %s", handoff.request.request_id, handoff.decode_worker_id)
             return True
         return False
 

@@ -16,15 +16,13 @@ from starlette.types import Receive, Scope, Send
 
 from ferry.bus import trace
 from ferry.protocol import ROLES, GenerateRequest
-
 from ferry_services.gateway.auth import ApiKeys, install_guard, lone_surrogate_field
 from ferry_services.gateway.bus import GatewayBus
 from ferry_services.gateway.convert import ModelLimits, chat_to_generate, completion_to_generate
 from ferry_services.gateway.errors import APIError, bad_request, install_error_handlers
 from ferry_services.gateway.generation import Generation, check_inflight
-from ferry_services.gateway.responses import (Envelope, Output, delta_chunk, full_body, role_chunk,
-                                              usage_chunk)
-from ferry_services.gateway.schemas import ChatCompletionRequest, CompletionRequest, CommonFields
+from ferry_services.gateway.responses import Envelope, Output, delta_chunk, full_body, role_chunk, usage_chunk
+from ferry_services.gateway.schemas import ChatCompletionRequest, CommonFields, CompletionRequest
 from ferry_services.gateway.settings import GatewaySettings
 from ferry_services.gateway.tokenizer import Tokenizer
 
@@ -45,10 +43,15 @@ def create_app(settings: GatewaySettings, tokenizer: Tokenizer, limits: ModelLim
         workers = {role: bus.workers.alive(role, now) for role in ROLES}
         missing = [role for role, ids in workers.items() if not ids]
         is_ready = bus.is_connected and not missing
-        status = "ready" if is_ready else ("bus not connected" if not bus.is_connected
-                                           else f"no live {' or '.join(missing)} worker")
-        return JSONResponse({"status": status, "bus_connected": bus.is_connected, "workers": workers},
-                            status_code=200 if is_ready else 503)
+        status = (
+            "ready"
+            if is_ready
+            else ("bus not connected" if not bus.is_connected else f"no live {' or '.join(missing)} worker")
+        )
+        return JSONResponse(
+            {"status": status, "bus_connected": bus.is_connected, "workers": workers},
+            status_code=200 if is_ready else 503,
+        )
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -79,8 +82,9 @@ def create_app(settings: GatewaySettings, tokenizer: Tokenizer, limits: ModelLim
         env = Envelope(id=request_id, model=limits.name, is_chat=True)
         return await _respond(request, body, generate, env, body.logprobs)
 
-    async def _respond(request: Request, body: CommonFields, generate: GenerateRequest, env: Envelope,
-                       want_logprobs: bool) -> Response:
+    async def _respond(
+        request: Request, body: CommonFields, generate: GenerateRequest, env: Envelope, want_logprobs: bool
+    ) -> Response:
         gen = Generation(bus, generate, settings.request_timeout_s, settings.max_attempts)
         await gen.start(settings.max_inflight, settings.retry_after_s, time.monotonic())
         out = Output(num_prompt_tokens=len(generate.prompt_token_ids))
@@ -103,8 +107,13 @@ def _require_valid_unicode(body: CommonFields) -> None:
 
 
 def _model_card(limits: ModelLimits, created: int) -> dict[str, Any]:
-    return {"id": limits.name, "object": "model", "created": created, "owned_by": "ferry",
-            "max_model_len": limits.max_context_len}
+    return {
+        "id": limits.name,
+        "object": "model",
+        "created": created,
+        "owned_by": "ferry",
+        "max_model_len": limits.max_context_len,
+    }
 
 
 async def _collect(gen: Generation, out: Output) -> None:
@@ -136,8 +145,9 @@ def _sse_line(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-async def _sse(gen: Generation, env: Envelope, out: Output, tokenizer: Tokenizer, want_logprobs: bool,
-               include_usage: bool) -> AsyncIterator[str]:
+async def _sse(
+    gen: Generation, env: Envelope, out: Output, tokenizer: Tokenizer, want_logprobs: bool, include_usage: bool
+) -> AsyncIterator[str]:
     if env.is_chat:
         yield _sse_line(role_chunk(env, include_usage))
     try:
@@ -160,8 +170,9 @@ class GenerationStream(StreamingResponse):
     or the client disconnected (even before the first byte, when the body never started)."""
 
     def __init__(self, chunks: AsyncIterator[str], gen: Generation) -> None:
-        super().__init__(chunks, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         self._gen = gen
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -169,5 +180,3 @@ class GenerationStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             await asyncio.shield(self._gen.close())
-
-

@@ -26,7 +26,6 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ferry.bus import trace
-
 from ferry_services.gateway.errors import error_body
 
 log = logging.getLogger("ferry.gateway")
@@ -95,8 +94,13 @@ class GuardMiddleware:
         trace.hop("*", "gw.asgi")  # FERRY_TRACE_FILE only: where the client's part of a request ends
         headers = _headers(scope)
         if scope.get("path") not in OPEN_PATHS and not self.keys.allows(headers.get("authorization")):
-            await _reply(send, 401, "Incorrect or missing API key: send `Authorization: Bearer <key>`.",
-                         "invalid_api_key", {"www-authenticate": "Bearer"})
+            await _reply(
+                send,
+                401,
+                "Incorrect or missing API key: send `Authorization: Bearer <key>`.",
+                "invalid_api_key",
+                {"www-authenticate": "Bearer"},
+            )
             return
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body_bytes:

@@ -15,9 +15,19 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from ferry.bus import Service, connect, drain_or_close, trace
-from ferry.protocol import (Cancel, ErrorReply, GenerateRequest, LoadReport, OutputBatch, ProtocolError,
-                            SubmitReply, SubmitRequest, decode, encode, subjects)
-
+from ferry.protocol import (
+    Cancel,
+    ErrorReply,
+    GenerateRequest,
+    LoadReport,
+    OutputBatch,
+    ProtocolError,
+    SubmitReply,
+    SubmitRequest,
+    decode,
+    encode,
+    subjects,
+)
 from ferry_services.gateway.tracker import RequestTracker
 from ferry_services.gateway.workers import LiveWorkers
 
@@ -43,8 +53,9 @@ class GatewayBus:
         self.tracker = RequestTracker()
         self.workers = LiveWorkers()
         self._nc: Client | None = None
-        self._service = Service("gateway", description="OpenAI-compatible HTTP gateway",
-                                metadata={"gateway_id": gateway_id})
+        self._service = Service(
+            "gateway", description="OpenAI-compatible HTTP gateway", metadata={"gateway_id": gateway_id}
+        )
         self._service.subscribe(subjects.out(gateway_id), OutputBatch, self._on_output, name="output")
         self._service.subscribe(subjects.LOAD_ALL, LoadReport, self._on_load, name="load")
 
@@ -86,13 +97,15 @@ class GatewayBus:
         if not self.is_connected:
             raise SubmitFailed("no_workers", "the gateway is not connected to the message bus")
         try:
-            msg = await self._nc.request(subjects.SUBMIT, encode(SubmitRequest(request=request)),
-                                         timeout=self.submit_timeout_s)
+            msg = await self._nc.request(
+                subjects.SUBMIT, encode(SubmitRequest(request=request)), timeout=self.submit_timeout_s
+            )
         except NoRespondersError:
             raise SubmitFailed("no_workers", "no prefill-balancer is running") from None
         except NatsTimeoutError:
-            raise SubmitFailed("no_workers", f"the prefill-balancer did not answer in {self.submit_timeout_s:g}s",
-                               maybe_accepted=True) from None
+            raise SubmitFailed(
+                "no_workers", f"the prefill-balancer did not answer in {self.submit_timeout_s:g}s", maybe_accepted=True
+            ) from None
         return _accepted(decode_reply(msg.data))
 
     async def cancel(self, request_ids: list[str], reason: str, below_attempt: int | None = None) -> None:
@@ -100,8 +113,9 @@ class GatewayBus:
         if not self.is_connected or not request_ids:
             return
         try:
-            await self._nc.publish(subjects.CANCEL, encode(Cancel(request_ids=request_ids, reason=reason,
-                                                                  below_attempt=below_attempt)))
+            await self._nc.publish(
+                subjects.CANCEL, encode(Cancel(request_ids=request_ids, reason=reason, below_attempt=below_attempt))
+            )
         except Exception:  # closing connection: workers time the request out on their own
             log.warning("could not publish cancel for %s", request_ids, exc_info=True)
 

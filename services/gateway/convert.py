@@ -10,9 +10,8 @@ import time
 from dataclasses import dataclass
 
 from ferry.protocol import GenerateRequest, SamplingParams
-
 from ferry_services.gateway.errors import APIError, bad_request
-from ferry_services.gateway.schemas import ChatCompletionRequest, CompletionRequest, CommonFields
+from ferry_services.gateway.schemas import ChatCompletionRequest, CommonFields, CompletionRequest
 from ferry_services.gateway.tokenizer import Tokenizer
 
 
@@ -36,8 +35,12 @@ class ModelLimits:
 
 def check_model(requested: str, limits: ModelLimits) -> None:
     if requested != limits.name:
-        raise APIError(404, f"The model `{requested}` does not exist; this server serves `{limits.name}`.",
-                       param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"The model `{requested}` does not exist; this server serves `{limits.name}`.",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def completion_prompt_ids(body: CompletionRequest, tokenizer: Tokenizer, limits: ModelLimits) -> list[int]:
@@ -59,8 +62,7 @@ def completion_prompt_ids(body: CompletionRequest, tokenizer: Tokenizer, limits:
 
 
 def chat_prompt_ids(body: ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
-    messages = [{"role": m.role, "content": m.text, **({"name": m.name} if m.name else {})}
-                for m in body.messages]
+    messages = [{"role": m.role, "content": m.text, **({"name": m.name} if m.name else {})} for m in body.messages]
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
     except Exception as exc:  # a template's raise_exception(...) rejects the conversation's shape
@@ -72,32 +74,54 @@ def chat_prompt_ids(body: ChatCompletionRequest, tokenizer: Tokenizer) -> list[i
     return ids
 
 
-def resolve_max_tokens(requested: int | None, field_name: str, prompt_field: str, num_prompt_tokens: int,
-                       limits: ModelLimits, default: int | None) -> int:
+def resolve_max_tokens(
+    requested: int | None,
+    field_name: str,
+    prompt_field: str,
+    num_prompt_tokens: int,
+    limits: ModelLimits,
+    default: int | None,
+) -> int:
     """Check prompt + max_tokens against the context; an unset max_tokens fills what is left."""
     room = limits.max_context_len - num_prompt_tokens
     if room < 1:
-        raise APIError(400, f"This model's maximum context length is {limits.max_context_len} tokens, "
-                            f"but the prompt has {num_prompt_tokens} tokens.",
-                       param=prompt_field, code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"This model's maximum context length is {limits.max_context_len} tokens, "
+            f"but the prompt has {num_prompt_tokens} tokens.",
+            param=prompt_field,
+            code="context_length_exceeded",
+        )
     if requested is None:
         return room if default is None else min(default, room)
     if requested > room:
-        raise APIError(400, f"This model's maximum context length is {limits.max_context_len} tokens; "
-                            f"the prompt has {num_prompt_tokens} tokens and {field_name}={requested} "
-                            f"asks for {requested} more.", param=field_name, code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"This model's maximum context length is {limits.max_context_len} tokens; "
+            f"the prompt has {num_prompt_tokens} tokens and {field_name}={requested} "
+            f"asks for {requested} more.",
+            param=field_name,
+            code="context_length_exceeded",
+        )
     return requested
 
 
 def sampling_params(body: CommonFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
     try:
         return SamplingParams(
-            max_tokens=max_tokens, min_tokens=body.min_tokens,
+            max_tokens=max_tokens,
+            min_tokens=body.min_tokens,
             temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k, min_p=body.min_p,
-            seed=body.seed, presence_penalty=body.presence_penalty,
-            frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
-            stop=body.stop_list, stop_token_ids=list(body.stop_token_ids), ignore_eos=body.ignore_eos,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=body.top_k,
+            min_p=body.min_p,
+            seed=body.seed,
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            repetition_penalty=body.repetition_penalty,
+            stop=body.stop_list,
+            stop_token_ids=list(body.stop_token_ids),
+            ignore_eos=body.ignore_eos,
             logprobs=logprobs,
         )
     except ValueError as exc:  # SamplingParams names the field: "top_p=0 must be in (0, 1]"
@@ -111,8 +135,9 @@ def chat_logprobs(body: ChatCompletionRequest) -> int | None:
     return (body.top_logprobs or 0) if body.logprobs else None
 
 
-def completion_to_generate(body: CompletionRequest, tokenizer: Tokenizer, limits: ModelLimits,
-                           request_id: str, gateway_id: str) -> GenerateRequest:
+def completion_to_generate(
+    body: CompletionRequest, tokenizer: Tokenizer, limits: ModelLimits, request_id: str, gateway_id: str
+) -> GenerateRequest:
     check_model(body.model, limits)
     ids = completion_prompt_ids(body, tokenizer, limits)
     explicit = body.max_tokens if "max_tokens" in body.model_fields_set else None
@@ -120,8 +145,9 @@ def completion_to_generate(body: CompletionRequest, tokenizer: Tokenizer, limits
     return _generate(ids, sampling_params(body, max_tokens, body.logprobs), limits, request_id, gateway_id)
 
 
-def chat_to_generate(body: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLimits,
-                     request_id: str, gateway_id: str) -> GenerateRequest:
+def chat_to_generate(
+    body: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLimits, request_id: str, gateway_id: str
+) -> GenerateRequest:
     check_model(body.model, limits)
     logprobs = chat_logprobs(body)
     ids = chat_prompt_ids(body, tokenizer)
@@ -130,7 +156,14 @@ def chat_to_generate(body: ChatCompletionRequest, tokenizer: Tokenizer, limits: 
     return _generate(ids, sampling_params(body, max_tokens, logprobs), limits, request_id, gateway_id)
 
 
-def _generate(ids: list[int], sampling: SamplingParams, limits: ModelLimits, request_id: str,
-              gateway_id: str) -> GenerateRequest:
-    return GenerateRequest(request_id=request_id, gateway_id=gateway_id, model=limits.name,
-                           prompt_token_ids=ids, sampling=sampling, arrival_time=time.time())
+def _generate(
+    ids: list[int], sampling: SamplingParams, limits: ModelLimits, request_id: str, gateway_id: str
+) -> GenerateRequest:
+    return GenerateRequest(
+        request_id=request_id,
+        gateway_id=gateway_id,
+        model=limits.name,
+        prompt_token_ids=ids,
+        sampling=sampling,
+        arrival_time=time.time(),
+    )

@@ -16,15 +16,28 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
-          429: "rate_limit_error", 503: "service_unavailable", 504: "timeout"}
+_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
 
 
 class APIError(Exception):
     """A failure with its HTTP status and OpenAI error fields."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 retry_after_s: float | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -81,8 +94,11 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str]:
         return "", f"request body is not valid JSON: {first.get('ctx', {}).get('error', msg)}"
     if first.get("type") == "model_attributes_type" or (not param and first.get("type") == "dict_type"):
         return "", "request body must be a JSON object"
-    alternatives = [_relative(path, param) + str(e.get("msg")) for e in errors[1:]
-                    if _is_under(path := field_path(e.get("loc", ())), param)]
+    alternatives = [
+        _relative(path, param) + str(e.get("msg"))
+        for e in errors[1:]
+        if _is_under(path := field_path(e.get("loc", ())), param)
+    ]
     if alternatives:  # a union field (prompt, stop, content): say what each accepted form wanted
         msg = "matches none of the accepted forms: " + "; ".join(dict.fromkeys([msg, *alternatives]))
     return param, msg
@@ -94,7 +110,7 @@ def _is_under(path: str, param: str) -> bool:
 
 def _relative(path: str, param: str) -> str:
     """'messages[0].content[0].type' under 'messages[0].content' -> '[0].type: '."""
-    rest = path[len(param):].lstrip(".")
+    rest = path[len(param) :].lstrip(".")
     return f"{rest}: " if rest else ""
 
 

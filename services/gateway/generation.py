@@ -14,29 +14,42 @@ from collections.abc import AsyncIterator
 from ferry import metrics
 from ferry.bus import trace
 from ferry.protocol import ErrorEvent, GenerateRequest, TokenEvent
-
 from ferry_services.gateway.bus import GatewayBus, SubmitFailed
 from ferry_services.gateway.errors import APIError
 from ferry_services.gateway.migration import WATCH_INTERVAL_S, LossWatch, migrate
 from ferry_services.gateway.tracker import Lost
 
 # ErrorEvent.code / SubmitReply.reason -> HTTP status
-_STATUS = {"overloaded": 429, "no_workers": 503, "bad_request": 400, "worker_lost": 503,
-           "kv_transfer": 503, "internal": 500}
+_STATUS = {
+    "overloaded": 429,
+    "no_workers": 503,
+    "bad_request": 400,
+    "worker_lost": 503,
+    "kv_transfer": 503,
+    "internal": 500,
+}
 
 
 def downstream_error(code: str, message: str, retry_after_s: float) -> APIError:
     status = _STATUS.get(code, 503)
-    return APIError(status, message if message != code else f"request rejected: {code}", code=code,
-                    retry_after_s=retry_after_s if status == 429 else None)
+    return APIError(
+        status,
+        message if message != code else f"request rejected: {code}",
+        code=code,
+        retry_after_s=retry_after_s if status == 429 else None,
+    )
 
 
 def check_inflight(bus: GatewayBus, max_inflight: int, retry_after_s: float) -> None:
     """The 429 of a full gateway. The HTTP layer calls it before tokenizing too, so that a gateway
     at its limit turns requests away without spending milliseconds of its loop on each prompt."""
     if len(bus.tracker) >= max_inflight:
-        raise APIError(429, f"the gateway has {max_inflight} requests in flight; retry later",
-                       code="overloaded", retry_after_s=retry_after_s)
+        raise APIError(
+            429,
+            f"the gateway has {max_inflight} requests in flight; retry later",
+            code="overloaded",
+            retry_after_s=retry_after_s,
+        )
 
 
 class Generation:
@@ -112,8 +125,7 @@ class Generation:
             if left <= 0:
                 self._cancel_reason = "timeout"
                 self._count_failure("timeout")
-                raise APIError(504, f"no output for {self.timeout_s:g}s; the request was cancelled",
-                               code="timeout")
+                raise APIError(504, f"no output for {self.timeout_s:g}s; the request was cancelled", code="timeout")
             try:
                 return await asyncio.wait_for(self._queue.get(), min(left, WATCH_INTERVAL_S))
             except asyncio.TimeoutError:

@@ -22,7 +22,6 @@ import time
 
 from ferry import metrics
 from ferry.protocol import GenerateRequest
-
 from ferry_services.gateway.bus import GatewayBus, SubmitFailed
 from ferry_services.gateway.errors import APIError
 from ferry_services.gateway.tracker import Lost
@@ -105,20 +104,29 @@ async def migrate(bus: GatewayBus, request: GenerateRequest, lost: Lost, max_att
         attempt = max(request.attempt + 1, pending.attempt)
         if attempt >= max_attempts:
             metrics.ERRORS.labels("gateway", "worker_lost").inc()
-            raise APIError(503, f"the request failed on {attempt} attempt(s), the last because {last_problem}; "
-                                "retry it", code="worker_lost")
+            raise APIError(
+                503,
+                f"the request failed on {attempt} attempt(s), the last because {last_problem}; retry it",
+                code="worker_lost",
+            )
         request = dataclasses.replace(request, output_token_ids=list(pending.token_ids), attempt=attempt)
         pending.attempt = attempt  # from now on, older attempts' events are stale
         pending.holder = ""
         await bus.cancel([request.request_id], f"migrated: {last_problem}", below_attempt=attempt)
-        log.warning("migrating %s to attempt %d after %d tokens: %s", request.request_id, attempt,
-                    len(pending.token_ids), last_problem)
+        log.warning(
+            "migrating %s to attempt %d after %d tokens: %s",
+            request.request_id,
+            attempt,
+            len(pending.token_ids),
+            last_problem,
+        )
         try:
             reply = await bus.submit(request)
         except SubmitFailed as exc:
             if exc.code == "bad_request":  # the request itself is refused: another try cannot help
-                raise APIError(503, f"could not resubmit after {last_problem}: {exc.message}",
-                               code="worker_lost") from None
+                raise APIError(
+                    503, f"could not resubmit after {last_problem}: {exc.message}", code="worker_lost"
+                ) from None
             last_problem = f"resubmit refused ({exc.code})"
             await asyncio.sleep(max(RETRY_SUBMIT_S, exc.retry_after_s))
             continue

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ferry.protocol import TokenEvent, TokenLogprob
-
 from ferry_services.gateway.tokenizer import Tokenizer
 
 
@@ -35,8 +34,11 @@ class Output:
             self.num_prompt_tokens = event.num_prompt_tokens
 
     def usage(self) -> dict[str, int]:
-        return {"prompt_tokens": self.num_prompt_tokens, "completion_tokens": self.num_tokens,
-                "total_tokens": self.num_prompt_tokens + self.num_tokens}
+        return {
+            "prompt_tokens": self.num_prompt_tokens,
+            "completion_tokens": self.num_tokens,
+            "total_tokens": self.num_prompt_tokens + self.num_tokens,
+        }
 
 
 @dataclass(slots=True)
@@ -66,8 +68,9 @@ def completion_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer, text_
     return {
         "tokens": tokens,
         "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [{token_text(tokenizer, t): lp for t, lp in zip(e.top_token_ids, e.top_logprobs)}
-                         for e in entries],
+        "top_logprobs": [
+            {token_text(tokenizer, t): lp for t, lp in zip(e.top_token_ids, e.top_logprobs)} for e in entries
+        ],
         "text_offset": offsets,
     }
 
@@ -84,8 +87,9 @@ def chat_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer) -> dict[str
     return {"content": content}
 
 
-def _logprobs(env: Envelope, entries: list[TokenLogprob] | None, tokenizer: Tokenizer,
-              text_offset: int) -> dict[str, Any] | None:
+def _logprobs(
+    env: Envelope, entries: list[TokenLogprob] | None, tokenizer: Tokenizer, text_offset: int
+) -> dict[str, Any] | None:
     if entries is None:
         return None
     return chat_logprobs(entries, tokenizer) if env.is_chat else completion_logprobs(entries, tokenizer, text_offset)
@@ -93,8 +97,11 @@ def _logprobs(env: Envelope, entries: list[TokenLogprob] | None, tokenizer: Toke
 
 def full_body(env: Envelope, out: Output, tokenizer: Tokenizer, want_logprobs: bool) -> dict[str, Any]:
     """The non-streamed answer."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": out.finish_reason,
-                              "logprobs": _logprobs(env, out.logprobs if want_logprobs else None, tokenizer, 0)}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "finish_reason": out.finish_reason,
+        "logprobs": _logprobs(env, out.logprobs if want_logprobs else None, tokenizer, 0),
+    }
     if env.is_chat:
         choice["message"] = {"role": "assistant", "content": out.text}
     else:
@@ -102,12 +109,15 @@ def full_body(env: Envelope, out: Output, tokenizer: Tokenizer, want_logprobs: b
     return {**env.wrap([choice], chunk=False), "usage": out.usage()}
 
 
-def delta_chunk(env: Envelope, event: TokenEvent, tokenizer: Tokenizer, text_offset: int,
-                want_logprobs: bool, include_usage: bool) -> dict[str, Any]:
+def delta_chunk(
+    env: Envelope, event: TokenEvent, tokenizer: Tokenizer, text_offset: int, want_logprobs: bool, include_usage: bool
+) -> dict[str, Any]:
     """One streamed chunk for one token event (text delta, logprobs, maybe the finish reason)."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": event.finish_reason,
-                              "logprobs": _logprobs(env, (event.logprobs or []) if want_logprobs else None,
-                                                    tokenizer, text_offset)}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "finish_reason": event.finish_reason,
+        "logprobs": _logprobs(env, (event.logprobs or []) if want_logprobs else None, tokenizer, text_offset),
+    }
     if env.is_chat:
         choice["delta"] = {"content": event.text} if event.text or not event.finish_reason else {}
     else:

@@ -4,11 +4,11 @@ fields that would change the answer in a way we do not support are rejected by n
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-Stop = Union[str, list[str], None]
+Stop = str | list[str] | None
 
 
 class StreamOptions(BaseModel):
@@ -58,7 +58,7 @@ class CommonFields(BaseModel):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
-Prompt = Union[str, list[int], list[str], list[list[int]]]
+Prompt = str | list[int] | list[str] | list[list[int]]
 
 
 class CompletionRequest(CommonFields):

@@ -13,7 +13,6 @@ import signal
 import uvicorn
 
 from ferry.metrics import start_metrics_server
-
 from ferry_services.gateway.app import create_app
 from ferry_services.gateway.bus import GatewayBus
 from ferry_services.gateway.convert import ModelLimits
@@ -42,10 +41,21 @@ async def serve(settings: GatewaySettings) -> int:
     await bus.start(settings.nats_url)
     app = create_app(settings, info.tokenizer, model_limits(settings, info), bus)
     start_metrics_server(settings.metrics_port)
-    config = uvicorn.Config(app, host=settings.http_host, port=settings.http_port, log_config=None,
-                            lifespan="off", timeout_graceful_shutdown=5)
-    log.info("gateway %s serving %s on http://%s:%d", settings.gateway_id, settings.model_name,
-             settings.http_host, settings.http_port)
+    config = uvicorn.Config(
+        app,
+        host=settings.http_host,
+        port=settings.http_port,
+        log_config=None,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+    )
+    log.info(
+        "gateway %s serving %s on http://%s:%d",
+        settings.gateway_id,
+        settings.model_name,
+        settings.http_host,
+        settings.http_port,
+    )
     server = _HttpServer(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -12,17 +12,22 @@ from ferry.settings import ServiceSettings, default_instance_id
 class GatewaySettings(ServiceSettings):
     model: str = Field(min_length=1, description="checkpoint folder; only config.json + tokenizer files are read")
     served_model_name: str = Field(default="", description="model name clients use; default: folder name")
-    gateway_id: str = Field(default_factory=default_instance_id, pattern=r"^[A-Za-z0-9_-]+$",
-                            description="names this gateway's ferry.out.<id> subject; unique per replica")
+    gateway_id: str = Field(
+        default_factory=default_instance_id,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="names this gateway's ferry.out.<id> subject; unique per replica",
+    )
     http_host: str = Field(default="0.0.0.0")
     http_port: int = Field(default=8000, ge=0, le=65535)
-    request_timeout_s: float = Field(default=120.0, gt=0,
-                                     description="a request that hears nothing for this long fails")
+    request_timeout_s: float = Field(
+        default=120.0, gt=0, description="a request that hears nothing for this long fails"
+    )
     submit_timeout_s: float = Field(default=5.0, gt=0, description="wait for the balancer's answer")
     max_inflight: int = Field(default=1024, ge=1, description="admission: requests in flight at once")
     retry_after_s: float = Field(default=1.0, ge=0, description="Retry-After sent with a 429")
-    max_context_len: int = Field(default=0, ge=0,
-                                 description="prompt + max_tokens limit; 0 = the model's max_position_embeddings")
+    max_context_len: int = Field(
+        default=0, ge=0, description="prompt + max_tokens limit; 0 = the model's max_position_embeddings"
+    )
     api_keys: str = Field(default="", repr=False, description="accepted Bearer keys, comma separated; none = open")
     api_key_file: str = Field(default="", description="file with one accepted key per line (adds to api_keys)")
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1, description="larger request bodies get 413")

@@ -32,5 +32,8 @@ def load_model_info(model_dir: str) -> ModelInfo:
     from ferry.model.tokenizer import Tokenizer as ModelTokenizer
 
     config = read_config(model_dir)
-    return ModelInfo(tokenizer=ModelTokenizer.from_dir(model_dir),
-                     max_context_len=config.max_position_embeddings, vocab_size=config.vocab_size)
+    return ModelInfo(
+        tokenizer=ModelTokenizer.from_dir(model_dir),
+        max_context_len=config.max_position_embeddings,
+        vocab_size=config.vocab_size,
+    )

@@ -40,19 +40,24 @@ async def configure(client: aioredis.Redis, max_memory: str, policy: str) -> Red
     flags = "".join(sorted(set(current + NOTIFY_FLAGS)))
     if not set(NOTIFY_FLAGS) <= set(current) and not await _config_set(client, "notify-keyspace-events", flags):
         log.warning("keyspace notifications are off: ferry.kv.events will miss stores and evictions")
-    capacity = RedisCapacity(int(_text(await _config_get(client, "maxmemory")) or 0),
-                             _text(await _config_get(client, "maxmemory-policy")))
+    capacity = RedisCapacity(
+        int(_text(await _config_get(client, "maxmemory")) or 0), _text(await _config_get(client, "maxmemory-policy"))
+    )
     _warn_about(capacity)
     return capacity
 
 
 def _warn_about(capacity: RedisCapacity) -> None:
     if capacity.eviction_policy == "noeviction":
-        log.warning("!!! Redis maxmemory-policy is 'noeviction': when it is full every KV block write FAILS "
-                    "(workers fall back to recompute). Set FERRY_KV_EVICTION_POLICY=allkeys-lru or fix Redis. !!!")
+        log.warning(
+            "!!! Redis maxmemory-policy is 'noeviction': when it is full every KV block write FAILS "
+            "(workers fall back to recompute). Set FERRY_KV_EVICTION_POLICY=allkeys-lru or fix Redis. !!!"
+        )
     if capacity.max_memory_bytes == 0:
-        log.warning("Redis has no maxmemory: the KV store grows until the host runs out of memory "
-                    "(set FERRY_KV_MAX_MEMORY, e.g. 2gb)")
+        log.warning(
+            "Redis has no maxmemory: the KV store grows until the host runs out of memory "
+            "(set FERRY_KV_MAX_MEMORY, e.g. 2gb)"
+        )
     log.info("Redis capacity: maxmemory=%d bytes, policy=%s", capacity.max_memory_bytes, capacity.eviction_policy)
 
 

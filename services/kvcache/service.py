@@ -25,10 +25,10 @@ from nats.aio.client import Client
 from redis.exceptions import RedisError
 
 from ferry.bus import BusError, Service, connect, run_service
-from ferry.metrics import start_metrics_server
 from ferry.kvstore import KvStoreError, KvStoreUnavailable, RedisTransport, block_key, num_leading_present
 from ferry.kvstore.index import BlockIndex
 from ferry.kvstore.keys import parse_block_key
+from ferry.metrics import start_metrics_server
 from ferry.protocol import KvEvent, KvLookup, KvLookupReply, KvStats, KvStatsRequest, encode, subjects
 from ferry_services.kvcache import redis_admin
 from ferry_services.kvcache.settings import KvCacheSettings
@@ -120,7 +120,8 @@ class KvCache:
         pubsub = self.client.pubsub()
         try:
             self.capacity = await redis_admin.configure(
-                self.client, self.settings.kv_max_memory, self.settings.kv_eviction_policy)
+                self.client, self.settings.kv_max_memory, self.settings.kv_eviction_policy
+            )
             # Subscribe before scanning: a block stored meanwhile shows up in one or both, never in neither.
             await pubsub.psubscribe(redis_admin.keyevent_pattern(self.client))
             self._pending_sets.clear()
@@ -173,8 +174,13 @@ class KvCache:
     async def _publish_changes(self) -> None:
         now = time.time()
         for change in self.index.drain_changes():
-            event = KvEvent(kind=change.kind, kv_namespace=change.namespace, where="store",
-                            block_hashes=change.block_hashes, timestamp=now)
+            event = KvEvent(
+                kind=change.kind,
+                kv_namespace=change.namespace,
+                where="store",
+                block_hashes=change.block_hashes,
+                timestamp=now,
+            )
             try:
                 await self._publish(event)
             except Exception:  # NATS trouble must not stop the Redis watch; balancers resync on 'cleared'
@@ -185,8 +191,11 @@ class KvCache:
             return
         self.degraded, self.degraded_reason = degraded, reason
         if degraded:
-            log.warning("kvcache DEGRADED: Redis unavailable (%s); retrying every %.1fs",
-                        reason, self.settings.kv_health_interval_s)
+            log.warning(
+                "kvcache DEGRADED: Redis unavailable (%s); retrying every %.1fs",
+                reason,
+                self.settings.kv_health_interval_s,
+            )
         else:
             log.info("kvcache healthy: Redis %s answers", self.transport.url)
         self.on_health_change(degraded, reason)
@@ -202,8 +211,12 @@ def build(settings: KvCacheSettings, nc: Client) -> tuple[Service, KvCache]:
         await nc.publish(subjects.KV_EVENTS, encode(event))
 
     cache = KvCache(settings, publish)
-    svc = Service("kvcache", version=VERSION, description="KV cache control plane: lookup, stats, KV events",
-                  metadata={"degraded": "true", "degraded_reason": cache.degraded_reason})
+    svc = Service(
+        "kvcache",
+        version=VERSION,
+        description="KV cache control plane: lookup, stats, KV events",
+        metadata={"degraded": "true", "degraded_reason": cache.degraded_reason},
+    )
 
     def on_health_change(degraded: bool, reason: str) -> None:
         svc.metadata.update(degraded="true" if degraded else "false", degraded_reason=reason)

@@ -75,8 +75,9 @@ class PrefixIndex:
                 return i
         return len(block_hashes)
 
-    def cached_tokens(self, namespace_of: Mapping[str, str], block_hashes: Sequence[bytes],
-                      block_size: int) -> dict[str, int]:
+    def cached_tokens(
+        self, namespace_of: Mapping[str, str], block_hashes: Sequence[bytes], block_size: int
+    ) -> dict[str, int]:
         """Per worker id: prompt tokens it would not compute, pool blocks at full weight and the
         store's further blocks at `store_weight`."""
         result = {}

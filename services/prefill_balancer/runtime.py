@@ -60,8 +60,9 @@ class BalancerRuntime:
             return
         _, pending = await asyncio.wait(self._tasks, timeout=STOP_TIMEOUT_S)
         if pending:
-            log.warning("%s balancer: %d background task(s) did not stop within %.0f s",
-                        self.role, len(pending), STOP_TIMEOUT_S)
+            log.warning(
+                "%s balancer: %d background task(s) did not stop within %.0f s", self.role, len(pending), STOP_TIMEOUT_S
+            )
 
     async def publish_work(self, worker_id: str, msg: object) -> None:
         """Append to the worker's queue; returns once JetStream has stored it."""

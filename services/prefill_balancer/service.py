@@ -25,13 +25,13 @@ from ferry.protocol import (
     hash_full_blocks,
     subjects,
 )
-from ferry_services.prefill_balancer.prefix_index import PrefixIndex
 from ferry_services.prefill_balancer.policy import (
     PrefillChoice,
     PrefillPolicyConfig,
     choose_prefill_worker,
     next_mean_prompt_tokens,
 )
+from ferry_services.prefill_balancer.prefix_index import PrefixIndex
 from ferry_services.prefill_balancer.runtime import BalancerRuntime
 from ferry_services.prefill_balancer.settings import PrefillBalancerSettings
 
@@ -40,11 +40,14 @@ log = logging.getLogger(__name__)
 
 class PrefillBalancer:
     def __init__(self, nc: Client, settings: PrefillBalancerSettings) -> None:
-        self.config = PrefillPolicyConfig(max_queued_tokens=settings.max_queued_tokens,
-                                          attention_weight=settings.attention_weight,
-                                          retry_after_s=settings.retry_after_s)
-        self.runtime = BalancerRuntime(nc, "prefill", silent_after_intervals=settings.silent_after_intervals,
-                                       tick_s=settings.tick_s)
+        self.config = PrefillPolicyConfig(
+            max_queued_tokens=settings.max_queued_tokens,
+            attention_weight=settings.attention_weight,
+            retry_after_s=settings.retry_after_s,
+        )
+        self.runtime = BalancerRuntime(
+            nc, "prefill", silent_after_intervals=settings.silent_after_intervals, tick_s=settings.tick_s
+        )
         self.service = Service("prefill-balancer", description="places requests on prefill workers")
         self.service.endpoint(subjects.SUBMIT, SubmitRequest, self.submit, queue=subjects.SUBMIT_QUEUE)
         self.mean_prompt_tokens = 0.0
@@ -76,13 +79,12 @@ class PrefillBalancer:
         states = self.runtime.view.routable(time.monotonic(), model)
         block_size = states[0].report.block_size if states else 1  # one block size per deployment
         hashes = hash_full_blocks(token_ids, block_size)[: (len(token_ids) - 1) // block_size] if states else []
-        cached = self.prefixes.cached_tokens({s.worker_id: s.report.kv_namespace for s in states}, hashes,
-                                             block_size)
-        choice = choose_prefill_worker(states, len(token_ids), self.config, cached,
-                                       mean_prompt_tokens=self.mean_prompt_tokens)
+        cached = self.prefixes.cached_tokens({s.worker_id: s.report.kv_namespace for s in states}, hashes, block_size)
+        choice = choose_prefill_worker(
+            states, len(token_ids), self.config, cached, mean_prompt_tokens=self.mean_prompt_tokens
+        )
         if choice.worker_id is not None:
-            self.runtime.view.note_routed(choice.worker_id, tokens=choice.cost.tokens,
-                                          attention=choice.cost.attention)
+            self.runtime.view.note_routed(choice.worker_id, tokens=choice.cost.tokens, attention=choice.cost.attention)
             chosen = next(s for s in states if s.worker_id == choice.worker_id)
             # it will hold these blocks in a moment: the next same-prefix request sees them there
             self.prefixes.apply("stored", chosen.report.kv_namespace, chosen.worker_id, hashes)
@@ -100,8 +102,9 @@ class PrefillBalancer:
         choice = self.choose(request.all_token_ids, request.model)
         if choice.worker_id is None:
             return SubmitReply(request.request_id, False, reason=choice.reason, retry_after_s=choice.retry_after_s)
-        self.mean_prompt_tokens = next_mean_prompt_tokens(self.mean_prompt_tokens, len(request.all_token_ids),
-                                                          self.config)
+        self.mean_prompt_tokens = next_mean_prompt_tokens(
+            self.mean_prompt_tokens, len(request.all_token_ids), self.config
+        )
         work = PrefillWork(request, routed_at=time.time(), num_cached_blocks_hint=self.cached_blocks_hint(choice))
         trace.hop(request.request_id, "pb.routed")
         await self.runtime.publish_work(choice.worker_id, work)

@@ -71,14 +71,18 @@ class Worker(abc.ABC):
         self._num_cached_reported = 0
         self.num_backlog = 0
         """Messages queued for this worker in JetStream, as of the last report."""
-        self.service = Service(f"{self.role}-worker", description=f"ferry {self.role} worker",
-                               metadata={"worker_id": self.worker_id, "model": settings.model_name})
+        self.service = Service(
+            f"{self.role}-worker",
+            description=f"ferry {self.role} worker",
+            metadata={"worker_id": self.worker_id, "model": settings.model_name},
+        )
         self.service.subscribe(subjects.CANCEL, Cancel, self.on_cancel)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        self.consumer = await ensure_work_consumer(self.js, self.role, self.worker_id,
-                                                   ack_wait_s=self.settings.ack_wait_s)
+        self.consumer = await ensure_work_consumer(
+            self.js, self.role, self.worker_id, ack_wait_s=self.settings.ack_wait_s
+        )
 
     def background(self) -> list:
         return [self.engine_loop(), self.pull_loop(), self.report_loop()]
@@ -88,7 +92,7 @@ class Worker(abc.ABC):
         self.draining = True
         await self.publish_report()
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
-        while self.requests and time.monotonic() < deadline:
+        while self.requests and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         for request_id in list(self.held):
             await self.settle(request_id, redeliver=True)
@@ -294,14 +298,21 @@ class Worker(abc.ABC):
         stats = self.compute.stats
         in_engine = stats.num_running + stats.num_waiting
         return LoadReport(
-            worker_id=self.worker_id, role=self.role, model=self.settings.model_name,
-            kv_namespace=self.namespace, timestamp=time.time(), interval_s=self.settings.load_interval_s,
+            worker_id=self.worker_id,
+            role=self.role,
+            model=self.settings.model_name,
+            kv_namespace=self.namespace,
+            timestamp=time.time(),
+            interval_s=self.settings.load_interval_s,
             num_running=stats.num_running,
             num_waiting=stats.num_waiting + max(0, len(self.requests) - in_engine),
             num_queued_prefill_tokens=stats.num_queued_prefill_tokens,
-            kv_blocks_used=stats.kv_blocks_used, kv_blocks_total=stats.kv_blocks_total,
-            max_running=self.settings.max_running, block_size=self.settings.block_size,
-            draining=self.draining, num_backlog=self.num_backlog,
+            kv_blocks_used=stats.kv_blocks_used,
+            kv_blocks_total=stats.kv_blocks_total,
+            max_running=self.settings.max_running,
+            block_size=self.settings.block_size,
+            draining=self.draining,
+            num_backlog=self.num_backlog,
         )
 
     async def refresh_backlog(self) -> None:

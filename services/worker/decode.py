@@ -78,8 +78,12 @@ class DecodeWorker(Worker):
         if handoff.num_kv_tokens == 0:
             return None
         if handoff.kv_namespace != self.namespace:
-            log.warning("KV of %s is from model %s, this worker runs %s", handoff.request.request_id,
-                        handoff.kv_namespace, self.namespace)
+            log.warning(
+                "KV of %s is from model %s, this worker runs %s",
+                handoff.request.request_id,
+                handoff.kv_namespace,
+                self.namespace,
+            )
             return None
         try:
             return await self.store.get_blocks([b.block_hash for b in handoff.kv_blocks])
@@ -91,11 +95,22 @@ class DecodeWorker(Worker):
         """Runs on the engine thread. False when there is no room now."""
         request = handoff.request
         if data is None:  # the engine queues it and prefills prompt + streamed tokens again
-            self.engine.add_request(request.request_id, request.prompt_token_ids, request.sampling,
-                                    request.output_token_ids, request.arrival_time or None)
+            self.engine.add_request(
+                request.request_id,
+                request.prompt_token_ids,
+                request.sampling,
+                request.output_token_ids,
+                request.arrival_time or None,
+            )
             return True
         if not self.engine.can_admit(len(request.all_token_ids)):
             return False
-        self.engine.add_prefilled(request.request_id, request.prompt_token_ids, request.output_token_ids,
-                                  request.sampling, data, handoff.num_kv_tokens)
+        self.engine.add_prefilled(
+            request.request_id,
+            request.prompt_token_ids,
+            request.output_token_ids,
+            request.sampling,
+            data,
+            handoff.num_kv_tokens,
+        )
         return True

@@ -28,12 +28,20 @@ class Output(Protocol):
 
 
 def token_event(out: Output) -> TokenEvent:
-    return TokenEvent(request_id=out.request_id, index=out.index, token_ids=list(out.new_token_ids),
-                      text=out.text, logprobs=out.logprobs, finish_reason=out.finish_reason,
-                      num_prompt_tokens=out.num_prompt_tokens)
+    return TokenEvent(
+        request_id=out.request_id,
+        index=out.index,
+        token_ids=list(out.new_token_ids),
+        text=out.text,
+        logprobs=out.logprobs,
+        finish_reason=out.finish_reason,
+        num_prompt_tokens=out.num_prompt_tokens,
+    )
 
 
-def batch_by_gateway(outputs: Iterable[Output], gateway_of: Mapping[str, str], worker_id: str) -> dict[str, OutputBatch]:
+def batch_by_gateway(
+    outputs: Iterable[Output], gateway_of: Mapping[str, str], worker_id: str
+) -> dict[str, OutputBatch]:
     """One OutputBatch per gateway; outputs of requests this worker no longer tracks are dropped."""
     batches: dict[str, OutputBatch] = {}
     for out in outputs:

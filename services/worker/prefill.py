@@ -77,8 +77,14 @@ class PrefillWorker(Worker):
                 return  # cancelled or replaced while the prefix travelled: settled there
             admitted = prefix is not None and await self.add_to_engine(self._admit_with_prefix, request, *prefix)
             if not admitted:
-                await self.add_to_engine(self.engine.add_request, request.request_id, request.prompt_token_ids,
-                                         request.sampling, request.output_token_ids, request.arrival_time or None)
+                await self.add_to_engine(
+                    self.engine.add_request,
+                    request.request_id,
+                    request.prompt_token_ids,
+                    request.sampling,
+                    request.output_token_ids,
+                    request.arrival_time or None,
+                )
         except ValueError as exc:  # does not fit this model: the client's fault, not retryable
             await self.publish_error(request, "bad_request", str(exc), retryable=False)
             self.forget(request.request_id)
@@ -126,8 +132,15 @@ class PrefillWorker(Worker):
         """Runs on the engine thread: join with the fetched prefix; False when there is no room now."""
         if not self.engine.can_admit(len(request.all_token_ids)):
             return False
-        self.engine.add_prefilled(request.request_id, request.prompt_token_ids, request.output_token_ids,
-                                  request.sampling, kv_data, num_kv_tokens, count_as_cached=True)
+        self.engine.add_prefilled(
+            request.request_id,
+            request.prompt_token_ids,
+            request.output_token_ids,
+            request.sampling,
+            kv_data,
+            num_kv_tokens,
+            count_as_cached=True,
+        )
         self.num_prefix_blocks_reused += kv_data.shape[0]
         return True
 
@@ -162,8 +175,13 @@ class PrefillWorker(Worker):
         now = time.time()
         for kind, hashes in (("removed", removed), ("stored", stored)):
             for start in range(0, len(hashes), MAX_HASHES_PER_EVENT):
-                event = KvEvent(kind=kind, kv_namespace=self.namespace, where=self.worker_id,
-                                block_hashes=hashes[start : start + MAX_HASHES_PER_EVENT], timestamp=now)
+                event = KvEvent(
+                    kind=kind,
+                    kv_namespace=self.namespace,
+                    where=self.worker_id,
+                    block_hashes=hashes[start : start + MAX_HASHES_PER_EVENT],
+                    timestamp=now,
+                )
                 await self.nc.publish(subjects.KV_EVENTS, encode(event))
 
     async def hand_off(self, request_id: str, new_token_ids: list[int], kv) -> None:
@@ -181,8 +199,7 @@ class PrefillWorker(Worker):
 
     async def store_kv(self, request, new_token_ids: list[int], kv) -> Handoff:
         """Write the sequence's KV blocks; a store that fails means a hand-off without KV (recompute)."""
-        hashes, refs = handoff_blocks(request.all_token_ids, kv.num_tokens, self.settings.block_size,
-                                      kv.block_hashes)
+        hashes, refs = handoff_blocks(request.all_token_ids, kv.num_tokens, self.settings.block_size, kv.block_hashes)
         num_kv_tokens = kv.num_tokens
         try:
             await self.store.put_blocks(hashes, kv.data)
@@ -191,8 +208,13 @@ class PrefillWorker(Worker):
             log.warning("KV of %s not stored (%s): the decode worker will recompute it", request.request_id, exc)
             refs, num_kv_tokens = [], 0
         onward = dataclasses.replace(request, output_token_ids=request.output_token_ids + list(new_token_ids))
-        return Handoff(request=onward, prefill_worker_id=self.worker_id, kv_namespace=self.namespace,
-                       kv_blocks=refs, num_kv_tokens=num_kv_tokens)
+        return Handoff(
+            request=onward,
+            prefill_worker_id=self.worker_id,
+            kv_namespace=self.namespace,
+            kv_blocks=refs,
+            num_kv_tokens=num_kv_tokens,
+        )
 
     async def offer(self, handoff: Handoff) -> bool:
         """Ask the decode-balancers until one accepts, the request is cancelled, or time is up."""

@@ -24,11 +24,16 @@ def build_engine(settings: WorkerSettings):
     """Load the checkpoint into an engine of this worker's role (slow: run it off the loop)."""
     from ferry.engine import EngineConfig, LLMEngine
 
-    config = EngineConfig(block_size=settings.block_size, num_kv_blocks=settings.num_kv_blocks,
-                          max_num_seqs=settings.max_running,
-                          max_num_batched_tokens=max(settings.max_batch_tokens, settings.max_running),
-                          role=settings.role, device=settings.device, dtype=settings.dtype or None,
-                          kv_cache_dtype=settings.kv_cache_dtype or None)
+    config = EngineConfig(
+        block_size=settings.block_size,
+        num_kv_blocks=settings.num_kv_blocks,
+        max_num_seqs=settings.max_running,
+        max_num_batched_tokens=max(settings.max_batch_tokens, settings.max_running),
+        role=settings.role,
+        device=settings.device,
+        dtype=settings.dtype or None,
+        kv_cache_dtype=settings.kv_cache_dtype or None,
+    )
     return LLMEngine.from_model_path(settings.model, config)
 
 
@@ -47,8 +52,14 @@ async def serve(settings: WorkerSettings) -> int:
     if not settings.model:
         raise SystemExit("ferry worker: FERRY_MODEL must name a checkpoint folder")
     engine = await asyncio.to_thread(build_engine, settings)
-    log.info("%s worker %s: model %s (%s), %d KV blocks", settings.role, settings.worker_id, settings.model,
-             engine.kv_namespace, engine.stats().kv_blocks_total)
+    log.info(
+        "%s worker %s: model %s (%s), %d KV blocks",
+        settings.role,
+        settings.worker_id,
+        settings.model,
+        engine.kv_namespace,
+        engine.stats().kv_blocks_total,
+    )
     nc = await connect(settings.nats_url, f"worker-{settings.worker_id}")
     await ensure_work_stream(nc.jetstream())
     transport = RedisTransport(settings.redis_url)

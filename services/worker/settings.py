@@ -14,8 +14,11 @@ class WorkerSettings(ServiceSettings):
     role: str = Field(default="prefill", pattern=r"^(prefill|decode)$", description="prefill or decode")
     model: str = Field(default="", description="checkpoint folder (config.json + safetensors + tokenizer)")
     served_model_name: str = Field(default="", description="model name clients use; default: folder name")
-    worker_id: str = Field(default_factory=default_instance_id, pattern=r"^[A-Za-z0-9_-]+$",
-                           description="names this worker's subjects and consumer; unique per replica")
+    worker_id: str = Field(
+        default_factory=default_instance_id,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="names this worker's subjects and consumer; unique per replica",
+    )
     num_kv_blocks: int = Field(default=1024, ge=1, description="blocks in this worker's KV pool")
     block_size: int = Field(default=16, ge=1, description="tokens per KV block")
     max_running: int = Field(default=64, ge=1, description="most sequences in the engine at once")
@@ -24,10 +27,13 @@ class WorkerSettings(ServiceSettings):
     device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:1, ...")
     dtype: str = Field(default="", description="model dtype (float32, bfloat16, ...); '' keeps the checkpoint's")
     kv_cache_dtype: Literal["", "float32", "bfloat16", "float16"] = Field(
-        default="", description="KV cache dtype; '' = the model's. bfloat16 under an fp32 model halves KV memory "
-        "and CPU decode attention's reads; every worker of a deployment should use the same")
-    handoff_timeout_s: float = Field(default=60.0, gt=0,
-                                     description="prefill: how long to retry a hand-off nobody takes")
+        default="",
+        description="KV cache dtype; '' = the model's. bfloat16 under an fp32 model halves KV memory "
+        "and CPU decode attention's reads; every worker of a deployment should use the same",
+    )
+    handoff_timeout_s: float = Field(
+        default=60.0, gt=0, description="prefill: how long to retry a hand-off nobody takes"
+    )
     ack_wait_s: float = Field(default=30.0, gt=0, description="JetStream lease of a pulled message")
 
     @property

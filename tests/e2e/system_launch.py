@@ -55,12 +55,41 @@ def pid_alive(pid: int) -> bool:
     return not (stat.is_file() and stat.read_text().split(")")[-1].split()[0] == "Z")
 
 
-def start_system(model_dir: Path, nats_url: str, redis_url: str, run_dir: Path, *, prefill: int,
-                 decode: int, extra_env: dict[str, str] | None = None) -> RunningSystem:
+def start_system(
+    model_dir: Path,
+    nats_url: str,
+    redis_url: str,
+    run_dir: Path,
+    *,
+    prefill: int,
+    decode: int,
+    extra_env: dict[str, str] | None = None,
+) -> RunningSystem:
     port = free_port()
-    cmd = [sys.executable, "-m", "ferry.cli", "up", "--model", str(model_dir), "--prefill-workers", str(prefill),
-           "--decode-workers", str(decode), "--port", str(port), "--nats-url", nats_url, "--redis-url", redis_url,
-           "--run-dir", str(run_dir), "--num-kv-blocks", "256", "--max-running", "16"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ferry.cli",
+        "up",
+        "--model",
+        str(model_dir),
+        "--prefill-workers",
+        str(prefill),
+        "--decode-workers",
+        str(decode),
+        "--port",
+        str(port),
+        "--nats-url",
+        nats_url,
+        "--redis-url",
+        redis_url,
+        "--run-dir",
+        str(run_dir),
+        "--num-kv-blocks",
+        "256",
+        "--max-running",
+        "16",
+    ]
     env = {**os.environ, "FERRY_LOAD_INTERVAL_S": "0.25", **(extra_env or {})}
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     system = RunningSystem(process, f"http://127.0.0.1:{port}", model_dir, model_dir.name)

@@ -23,9 +23,9 @@ import nats
 import nats.errors
 import pytest
 
-from ferry.protocol import ErrorReply, LoadReport, decode, subjects
 from ferry.launcher.servers import free_port, start_nats, start_redis
 from ferry.launcher.up import Child, add_arguments, plan_services, spawn, stop_children, wait_ready
+from ferry.protocol import ErrorReply, LoadReport, decode, subjects
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -33,8 +33,12 @@ MAX_TOKENS = 160
 PROMPTS = [f"request {i}: " + " ".join(["the quick brown fox"] * (2 + i % 3)) for i in range(6)]
 STREAM_TIMEOUT_S = 90.0
 """Bound on one streamed request: a hang fails the test instead of blocking CI."""
-ENV = {"FERRY_LOAD_INTERVAL_S": "0.25", "FERRY_REQUEST_TIMEOUT_S": "60", "FERRY_MAX_ATTEMPTS": "3",
-       "FERRY_LOG_LEVEL": "INFO"}
+ENV = {
+    "FERRY_LOAD_INTERVAL_S": "0.25",
+    "FERRY_REQUEST_TIMEOUT_S": "60",
+    "FERRY_MAX_ATTEMPTS": "3",
+    "FERRY_LOG_LEVEL": "INFO",
+}
 
 
 @dataclass
@@ -65,11 +69,15 @@ class FaultSystem:
     async def busiest(self, role: str) -> str:
         """The service name of the `role` worker running the most sequences, from one round of
         their load reports (so a kill is sure to hit requests, wherever the balancer put them)."""
-        names = {c.spec.worker_id: name for name, c in self.children.items()
-                 if c.spec.worker_id and c.spec.env.get("FERRY_ROLE") == role and name not in self.killed}
+        names = {
+            c.spec.worker_id: name
+            for name, c in self.children.items()
+            if c.spec.worker_id and c.spec.env.get("FERRY_ROLE") == role and name not in self.killed
+        }
         running: dict[str, int] = {}
         nc = await nats.connect(self.servers[1].url)
         try:
+
             async def on_report(msg) -> None:
                 report = decode(msg.data, LoadReport)
                 running[report.worker_id] = report.num_running
@@ -118,8 +126,22 @@ def fault_system(e2e_model, tmp_path_factory) -> FaultSystem:
     port = free_port()
     parser = argparse.ArgumentParser()
     add_arguments(parser)  # ferry up's own options and defaults, as a user would pass them
-    args = parser.parse_args(["--model", str(e2e_model), "--prefill-workers", "2", "--decode-workers", "2",
-                              "--port", str(port), "--num-kv-blocks", "512", "--max-running", "16"])
+    args = parser.parse_args(
+        [
+            "--model",
+            str(e2e_model),
+            "--prefill-workers",
+            "2",
+            "--decode-workers",
+            "2",
+            "--port",
+            str(port),
+            "--num-kv-blocks",
+            "512",
+            "--max-running",
+            "16",
+        ]
+    )
     try:
         specs = plan_services(args, e2e_model, nats.url, redis.url)
     except Exception:
@@ -151,10 +173,18 @@ class Outcome:
     """time.monotonic() of every chunk with text."""
 
 
-async def stream_one(client: httpx.AsyncClient, model: str, prompt: str, outcome: Outcome,
-                     max_tokens: int = MAX_TOKENS) -> None:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+async def stream_one(
+    client: httpx.AsyncClient, model: str, prompt: str, outcome: Outcome, max_tokens: int = MAX_TOKENS
+) -> None:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     try:
         async with client.stream("POST", "/v1/completions", json=body) as response:
             if response.status_code != 200:
@@ -205,8 +235,10 @@ class Row:
     migrated: int
 
     def line(self) -> str:
-        return (f"{self.fault:<34} {self.sent:>5} {self.completed:>9} {self.lost:>5} {self.duplicated_tokens:>11}"
-                f" {self.wrong_text:>6} {self.migrated:>8}")
+        return (
+            f"{self.fault:<34} {self.sent:>5} {self.completed:>9} {self.lost:>5} {self.duplicated_tokens:>11}"
+            f" {self.wrong_text:>6} {self.migrated:>8}"
+        )
 
 
 HEADER = f"{'fault':<34} {'sent':>5} {'completed':>9} {'lost':>5} {'dup tokens':>11} {'wrong':>6} {'migrated':>8}"
@@ -254,6 +286,7 @@ def check(system: FaultSystem, table: list[Row], fault: str, outcomes: list[Outc
 
 def test_sigkill_decode_worker_mid_stream(fault_system, baseline, table):
     before = migrations(fault_system)
+
     async def kill_busiest_decode_worker() -> None:
         fault_system.kill(await fault_system.busiest("decode"))
 
@@ -298,7 +331,8 @@ def test_balancer_restart_rebuilds_from_load_reports(fault_system, baseline, tab
     # and they route new work again once they have heard the workers' next reports
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not all(
-            fault_system.log(name).count(" started (id ") >= 2 for name in ("prefill-balancer", "decode-balancer")):
+        fault_system.log(name).count(" started (id ") >= 2 for name in ("prefill-balancer", "decode-balancer")
+    ):
         time.sleep(0.1)
     time.sleep(4 * float(ENV["FERRY_LOAD_INTERVAL_S"]))
     outcomes = asyncio.run(run_load(fault_system))
@@ -332,22 +366,44 @@ def nested(depth: int) -> list:
 
 def garbage_payloads(gateway_id: str) -> list[bytes]:
     sampling = {"max_tokens": 2**40, "temperature": 0.0}
-    hostile_request = {"request_id": "hostile-1", "gateway_id": gateway_id, "model": "nope",
-                       "prompt_token_ids": [10**9, -5], "sampling": sampling}
+    hostile_request = {
+        "request_id": "hostile-1",
+        "gateway_id": gateway_id,
+        "model": "nope",
+        "prompt_token_ids": [10**9, -5],
+        "sampling": sampling,
+    }
     return [
-        b"", b"\x00", b"\xc1" * 64, b"not msgpack at all", bytes(range(256)) * 8,
-        msgpack.packb([1, "submit", {"request": "x"}]),                       # wrong field type
-        msgpack.packb([1, "submit", {"request": hostile_request}]),             # well-formed, absurd values
-        msgpack.packb([1, "handoff", {"request": hostile_request, "prefill_worker_id": "p", "kv_namespace": "x",
-                                      "kv_blocks": [], "num_kv_tokens": 0}]),
-        msgpack.packb([1, "output", {"worker_id": "w", "tokens": [{"request_id": "zz", "index": -1,
-                                                                    "token_ids": ["a"]}]}]),
+        b"",
+        b"\x00",
+        b"\xc1" * 64,
+        b"not msgpack at all",
+        bytes(range(256)) * 8,
+        msgpack.packb([1, "submit", {"request": "x"}]),  # wrong field type
+        msgpack.packb([1, "submit", {"request": hostile_request}]),  # well-formed, absurd values
+        msgpack.packb(
+            [
+                1,
+                "handoff",
+                {
+                    "request": hostile_request,
+                    "prefill_worker_id": "p",
+                    "kv_namespace": "x",
+                    "kv_blocks": [],
+                    "num_kv_tokens": 0,
+                },
+            ]
+        ),
+        msgpack.packb(
+            [1, "output", {"worker_id": "w", "tokens": [{"request_id": "zz", "index": -1, "token_ids": ["a"]}]}]
+        ),
         msgpack.packb([1, "load", {"worker_id": "bad worker!", "role": "prefill"}]),
-        msgpack.packb([99, "cancel", {}]), msgpack.packb([1, "no_such_type", {}]),
+        msgpack.packb([99, "cancel", {}]),
+        msgpack.packb([1, "no_such_type", {}]),
         msgpack.packb([1, "cancel", {"request_ids": list(range(100_000))}]),
         msgpack.packb(nested(60)),
         msgpack.packb([1, "prefill_work", {"request": hostile_request}]),
-        b"\x91" * 100_000,                                                      # 100k nested arrays
+        b"\x91" * 100_000,  # 100k nested arrays
         msgpack.packb([1, "submit", {"request": {**hostile_request, "prompt_token_ids": [1] * 900_000}}]),
     ]
 
@@ -358,9 +414,18 @@ def test_garbage_on_every_subject_harms_nobody(fault_system, baseline, table):
     every service process is still alive afterwards."""
     gateway_id = fault_system.children["gateway"].spec.env["FERRY_GATEWAY_ID"]
     workers = [c.spec for c in fault_system.children.values() if c.spec.worker_id]
-    subjects_all = [subjects.SUBMIT, subjects.HANDOFF, subjects.CANCEL, subjects.KV_LOOKUP, subjects.KV_STATS,
-                    subjects.KV_EVENTS, subjects.out(gateway_id), "ferry.load.prefill.x", "ferry.load.decode.x",
-                    *(subjects.load(w.env["FERRY_ROLE"], w.worker_id) for w in workers)]
+    subjects_all = [
+        subjects.SUBMIT,
+        subjects.HANDOFF,
+        subjects.CANCEL,
+        subjects.KV_LOOKUP,
+        subjects.KV_STATS,
+        subjects.KV_EVENTS,
+        subjects.out(gateway_id),
+        "ferry.load.prefill.x",
+        "ferry.load.decode.x",
+        *(subjects.load(w.env["FERRY_ROLE"], w.worker_id) for w in workers),
+    ]
     work_subjects = [subjects.work(w.env["FERRY_ROLE"], w.worker_id) for w in workers]
     replies: list[bytes] = []
 

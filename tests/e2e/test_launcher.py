@@ -7,7 +7,6 @@ import signal
 import subprocess
 
 import pytest
-
 from system_launch import pid_alive, start_system
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

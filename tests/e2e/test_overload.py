@@ -25,7 +25,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from system_launch import RunningSystem, pid_alive, start_system
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -66,8 +65,9 @@ the decode batch with them (16 running, then the rest queued: several times long
 @pytest.fixture(scope="module")
 def overload_system(e2e_model, nats_url, redis_url, tmp_path_factory):
     env = {"FERRY_MAX_INFLIGHT": str(ADMIT), "FERRY_RETRY_AFTER_S": "1", "FERRY_REQUEST_TIMEOUT_S": "30"}
-    running = start_system(e2e_model, nats_url, redis_url, tmp_path_factory.mktemp("overload"),
-                           prefill=1, decode=1, extra_env=env)
+    running = start_system(
+        e2e_model, nats_url, redis_url, tmp_path_factory.mktemp("overload"), prefill=1, decode=1, extra_env=env
+    )
     yield running
     assert running.stop() == 0
     assert [n for n, pid in running.pids.items() if pid_alive(pid)] == []
@@ -131,8 +131,13 @@ class Tally:
 
 
 def body(model: str, i: int, max_tokens: int) -> dict:
-    return {"model": model, "prompt": f"probe {i}: the quick brown fox jumps over", "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True}
+    return {
+        "model": model,
+        "prompt": f"probe {i}: the quick brown fox jumps over",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
 
 
 async def one(client: httpx.AsyncClient, model: str, i: int, tally: Tally, max_tokens: int) -> bool:
@@ -170,8 +175,9 @@ async def timed_probes(client: httpx.AsyncClient, model: str, tally: Tally, max_
     return list(await asyncio.gather(*(timed(i) for i in range(ADMIT))))
 
 
-async def burst_client(client: httpx.AsyncClient, model: str, i: int, tally: Tally, done: asyncio.Event,
-                       max_tokens: int) -> None:
+async def burst_client(
+    client: httpx.AsyncClient, model: str, i: int, tally: Tally, done: asyncio.Event, max_tokens: int
+) -> None:
     """A client that retries until the probes are done, waiting a quarter of Retry-After (impatient:
     four times the retries well-behaved clients would send)."""
     while not done.is_set():
@@ -191,8 +197,10 @@ async def unloaded_and_burst(system: RunningSystem, rss: RssPeak) -> tuple[list[
         done = asyncio.Event()
         probes = asyncio.create_task(timed_probes(client, system.model_name, loaded, max_tokens))
         await asyncio.sleep(0.2)  # the probes are admitted first (admission is on arrival, no model work)
-        burst = [asyncio.create_task(burst_client(client, system.model_name, i, loaded, done, max_tokens))
-                 for i in range(BURST)]
+        burst = [
+            asyncio.create_task(burst_client(client, system.model_name, i, loaded, done, max_tokens))
+            for i in range(BURST)
+        ]
         under_burst = await asyncio.wait_for(probes, REQUEST_TIMEOUT_S)
         done.set()
         await asyncio.wait_for(asyncio.gather(*burst), REQUEST_TIMEOUT_S + 5)
@@ -209,11 +217,13 @@ def test_burst_of_10x_gets_429_and_admitted_requests_keep_latency(overload_syste
     before = {name: round(mib, 1) for name, mib in rss.before.items()}
     growth = {name: round(rss.peak[name] - rss.before[name], 1) for name in services}
     cpu = {name: round(cpu_s(pid) - rss.cpu_before[name], 2) for name, pid in services.items()}
-    print(f"\noverload: admit {ADMIT}, burst {BURST} clients, {elapsed:.1f}s; latency alone "
-          f"{[round(t, 2) for t in unloaded]} s, under burst {[round(t, 2) for t in under_burst]} s; "
-          f"429s {loaded.rejected} ({loaded.by_balancer} by the balancer, slowest {loaded.slowest_reject_s:.3f}s), "
-          f"admitted {loaded.admitted}, CPU s during the burst {cpu}, "
-          f"completed {loaded.completed}; RSS before {before} MiB, peak growth {growth} MiB")
+    print(
+        f"\noverload: admit {ADMIT}, burst {BURST} clients, {elapsed:.1f}s; latency alone "
+        f"{[round(t, 2) for t in unloaded]} s, under burst {[round(t, 2) for t in under_burst]} s; "
+        f"429s {loaded.rejected} ({loaded.by_balancer} by the balancer, slowest {loaded.slowest_reject_s:.3f}s), "
+        f"admitted {loaded.admitted}, CPU s during the burst {cpu}, "
+        f"completed {loaded.completed}; RSS before {before} MiB, peak growth {growth} MiB"
+    )
     assert alone.bad == [] and loaded.bad == [], (alone.bad, loaded.bad)
     assert loaded.rejected >= 3 * BURST, "the burst did not last through the probes: proved nothing"
     assert loaded.retry_after == {"1"}, loaded.retry_after

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from system_launch import RunningSystem, pid_alive, start_system
 from test_faults import HEADER, Outcome, Row, stream_one
 
@@ -65,14 +64,18 @@ class Stream(Outcome):
         return [b - a for a, b in zip(times, times[1:])]
 
 
-async def run_streams(system: RunningSystem, freeze_pid: int | None = None,
-                      stop_s: float = 0.0) -> tuple[list[Stream], float, float]:
+async def run_streams(
+    system: RunningSystem, freeze_pid: int | None = None, stop_s: float = 0.0
+) -> tuple[list[Stream], float, float]:
     """All prompts at once; with `freeze_pid`, SIGSTOP it once every stream has 20 chunks and
     SIGCONT it `stop_s` later. Returns the streams and the freeze's (start, end)."""
     streams = [Stream() for _ in PROMPTS]
     stopped_at = resumed_at = 0.0
     async with httpx.AsyncClient(base_url=system.base_url, timeout=STREAM_TIMEOUT_S) as client:
-        tasks = [asyncio.create_task(stream_one(client, system.model_name, p, s, MAX_TOKENS)) for p, s in zip(PROMPTS, streams)]
+        tasks = [
+            asyncio.create_task(stream_one(client, system.model_name, p, s, MAX_TOKENS))
+            for p, s in zip(PROMPTS, streams)
+        ]
         if freeze_pid is not None:
             deadline = time.monotonic() + 30
             while min(s.num_chunks for s in streams) < 20 and time.monotonic() < deadline:
@@ -93,8 +96,7 @@ def score(fault: str, streams: list[Stream], baseline: list[Stream], migrated: i
     done = [s for s in streams if not s.error and s.finish_reason == "length"]
     duplicated = sum(max(0, s.num_tokens - MAX_TOKENS) for s in streams)
     wrong = sum(1 for s, b in zip(streams, baseline) if not s.error and s.text != b.text)
-    return Row(fault, len(streams), len(done), len(streams) - len(done),
-               duplicated, wrong, migrated)
+    return Row(fault, len(streams), len(done), len(streams) - len(done), duplicated, wrong, migrated)
 
 
 def migrations(run_dir: Path) -> int:
@@ -135,11 +137,13 @@ def freeze(two_decode, baseline: list[Stream], stop_s: float, gap_bound_s: float
     frozen_gaps = [max(s.gaps_within(stopped_at - 1, resumed_at + 5), default=0.0) for s in frozen]
     unloaded_gaps = [max(s.gaps_within(s.arrivals[1], s.arrivals[-1]), default=0.0) for s in baseline]
     row = score(f"SIGSTOP decode worker {stop_s:g} s", streams, baseline, migrations(run_dir) - migrated_before)
-    print(f"\nfreeze {stop_s:g} s: {len(live)} streams on the live worker, max gap during the freeze "
-          f"{[round(g, 3) for g in live_gaps]} s (fault-free run: {[round(g, 3) for g in unloaded_gaps]} s), "
-          f"tokens during it {[len(s.gaps_within(stopped_at, resumed_at)) for s in live]}; "
-          f"{len(frozen)} on the frozen one, max gap {[round(g, 3) for g in frozen_gaps]} s"
-          f"\n{HEADER}\n{row.line()}")
+    print(
+        f"\nfreeze {stop_s:g} s: {len(live)} streams on the live worker, max gap during the freeze "
+        f"{[round(g, 3) for g in live_gaps]} s (fault-free run: {[round(g, 3) for g in unloaded_gaps]} s), "
+        f"tokens during it {[len(s.gaps_within(stopped_at, resumed_at)) for s in live]}; "
+        f"{len(frozen)} on the frozen one, max gap {[round(g, 3) for g in frozen_gaps]} s"
+        f"\n{HEADER}\n{row.line()}"
+    )
     assert live and frozen, "the freeze hit no stream, or every stream: the test proved nothing"
     assert all(len(s.gaps_within(stopped_at, resumed_at)) >= 5 for s in live), "live streams did not run"
     assert all(g < gap_bound_s for g in live_gaps), live_gaps

@@ -59,9 +59,28 @@ async def test_async_completions_and_chat_streaming_and_not(system):
 def test_greedy_output_through_the_system_equals_ferry_generate(system, tmp_path):
     prompts_file = tmp_path / "prompts.jsonl"
     prompts_file.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
-    done = subprocess.run([sys.executable, "-m", "ferry.cli", "generate", "--model", str(system.model_dir),
-                           "--prompts-file", str(prompts_file), "--json", "--temperature", "0", "--max-tokens",
-                           "10", "--ignore-eos"], capture_output=True, text=True, timeout=240, check=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ferry.cli",
+            "generate",
+            "--model",
+            str(system.model_dir),
+            "--prompts-file",
+            str(prompts_file),
+            "--json",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "10",
+            "--ignore-eos",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+    )
     expected = [json.loads(line)["text"] for line in done.stdout.splitlines() if line.startswith("{")]
     client = sync_client(system)
     got = [client.completions.create(model=system.model_name, prompt=p, **GREEDY).choices[0].text for p in PROMPTS]
@@ -84,8 +103,9 @@ async def test_every_worker_receives_work_under_load(system, nats_url):
     nc = await watch(nats_url, "ferry.out.>", OutputBatch, batches)
     client = async_client(system)
     prompts = [f"{PROMPTS[i % 4]} {i}" for i in range(24)]
-    results = await asyncio.gather(*(client.completions.create(model=system.model_name, prompt=p, **GREEDY)
-                                     for p in prompts))
+    results = await asyncio.gather(
+        *(client.completions.create(model=system.model_name, prompt=p, **GREEDY) for p in prompts)
+    )
     assert all(r.usage.completion_tokens == 10 for r in results)
     await nc.flush()
     await nc.close()
@@ -99,8 +119,14 @@ async def test_cancelled_stream_frees_its_blocks_on_every_worker(system, nats_ur
     reports: list[LoadReport] = []
     nc = await watch(nats_url, "ferry.load.>", LoadReport, reports)
     client = async_client(system)
-    stream = await client.completions.create(model=system.model_name, prompt=PROMPTS[1], stream=True,
-                                             temperature=0, max_tokens=1500, extra_body={"ignore_eos": True})
+    stream = await client.completions.create(
+        model=system.model_name,
+        prompt=PROMPTS[1],
+        stream=True,
+        temperature=0,
+        max_tokens=1500,
+        extra_body={"ignore_eos": True},
+    )
     busy = []
     async for _ in stream:  # stream until a load report shows the request holding blocks
         busy = [r for r in reports if r.kv_blocks_used > 0 and r.num_running > 0]

@@ -33,15 +33,29 @@ pytestmark = pytest.mark.integration
 
 
 def report(worker_id, role="prefill", interval_s=5.0, **kw) -> LoadReport:
-    fields = dict(model="tiny", kv_namespace="ns", timestamp=time.time(), num_running=0, num_waiting=0,
-                  num_queued_prefill_tokens=0, kv_blocks_used=0, kv_blocks_total=64, max_running=4)
+    fields = dict(
+        model="tiny",
+        kv_namespace="ns",
+        timestamp=time.time(),
+        num_running=0,
+        num_waiting=0,
+        num_queued_prefill_tokens=0,
+        kv_blocks_used=0,
+        kv_blocks_total=64,
+        max_running=4,
+    )
     fields.update(kw)
     return LoadReport(worker_id=worker_id, role=role, interval_s=interval_s, **fields)
 
 
 def request(i: int, num_tokens: int = 20) -> GenerateRequest:
-    return GenerateRequest(request_id=f"r{i}", gateway_id="gw", model="tiny",
-                           prompt_token_ids=list(range(1, num_tokens + 1)), sampling=SamplingParams())
+    return GenerateRequest(
+        request_id=f"r{i}",
+        gateway_id="gw",
+        model="tiny",
+        prompt_token_ids=list(range(1, num_tokens + 1)),
+        sampling=SamplingParams(),
+    )
 
 
 async def publish_reports(nc, balancer, *reports: LoadReport) -> None:
@@ -131,9 +145,11 @@ async def test_full_prefill_workers_mean_overloaded(nc, prefill_balancer):
 
 async def test_silent_prefill_workers_queue_moves_to_a_live_worker(nc, js, prefill_balancer):
     await ensure_work_consumer(js, "prefill", "dead")  # the worker made it, then died
-    await publish_reports(nc, prefill_balancer, report("dead", interval_s=0.2), report("live", num_queued_prefill_tokens=900))
+    await publish_reports(
+        nc, prefill_balancer, report("dead", interval_s=0.2), report("live", num_queued_prefill_tokens=900)
+    )
     replies = [await submit(nc, i, num_tokens=10) for i in range(3)]
-    assert [r.worker_id for r in replies] == ["dead"] * 3   # live is nearly full
+    assert [r.worker_id for r in replies] == ["dead"] * 3  # live is nearly full
     await publish_reports(nc, prefill_balancer, report("live", num_queued_prefill_tokens=0))  # live keeps reporting
     deadline = time.monotonic() + 5
     while prefill_balancer.runtime.num_rerouted < 3 and time.monotonic() < deadline:
@@ -155,8 +171,13 @@ async def consumer_names(js) -> set[str]:
 
 def handoff(i: int, num_kv_tokens: int = 20) -> Handoff:
     blocks = [BlockRef(bytes([i]) * 16, 16), BlockRef(bytes([i + 1]) * 16, num_kv_tokens - 16)]
-    return Handoff(request=request(i, num_kv_tokens - 1), prefill_worker_id="pa", kv_namespace="ns",
-                   kv_blocks=blocks, num_kv_tokens=num_kv_tokens)
+    return Handoff(
+        request=request(i, num_kv_tokens - 1),
+        prefill_worker_id="pa",
+        kv_namespace="ns",
+        kv_blocks=blocks,
+        num_kv_tokens=num_kv_tokens,
+    )
 
 
 async def hand_off(nc, i: int) -> HandoffReply:
@@ -165,14 +186,19 @@ async def hand_off(nc, i: int) -> HandoffReply:
 
 
 async def test_handoffs_respect_each_decode_workers_batch_cap(nc, js, decode_balancer):
-    await publish_reports(nc, decode_balancer, report("da", "decode", max_running=2, num_running=1),
-                          report("db", "decode", max_running=3, num_running=1))
+    await publish_reports(
+        nc,
+        decode_balancer,
+        report("da", "decode", max_running=2, num_running=1),
+        report("db", "decode", max_running=3, num_running=1),
+    )
     replies = [await hand_off(nc, i) for i in range(4)]
     assert sorted(r.worker_id for r in replies[:3]) == ["da", "db", "db"]
     assert (replies[3].accepted, replies[3].reason) == (False, "overloaded")
     work = await queued(js, "decode", "da", Handoff)
-    assert [(h.request.request_id, h.decode_worker_id, h.num_kv_tokens) for h in work] == \
-        [(r.request_id, "da", 20) for r in replies[:3] if r.worker_id == "da"]
+    assert [(h.request.request_id, h.decode_worker_id, h.num_kv_tokens) for h in work] == [
+        (r.request_id, "da", 20) for r in replies[:3] if r.worker_id == "da"
+    ]
 
 
 async def test_decode_worker_without_free_blocks_gets_nothing(nc, decode_balancer):

@@ -27,13 +27,22 @@ from ferry.protocol import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REQUEST = GenerateRequest(request_id="r1", gateway_id="gw", model="m", prompt_token_ids=[1, 2, 3],
-                          sampling=SamplingParams())
+REQUEST = GenerateRequest(
+    request_id="r1", gateway_id="gw", model="m", prompt_token_ids=[1, 2, 3], sampling=SamplingParams()
+)
 CASES = {
-    "prefill-balancer": (["-m", "ferry.cli", "serve", "prefill-balancer"], subjects.SUBMIT,
-                         SubmitRequest(REQUEST), SubmitReply),
-    "decode-balancer": (["-m", "ferry_services.decode_balancer"], subjects.HANDOFF,
-                        Handoff(REQUEST, "p", "ns", [BlockRef(bytes(16), 3)], 3), HandoffReply),
+    "prefill-balancer": (
+        ["-m", "ferry.cli", "serve", "prefill-balancer"],
+        subjects.SUBMIT,
+        SubmitRequest(REQUEST),
+        SubmitReply,
+    ),
+    "decode-balancer": (
+        ["-m", "ferry_services.decode_balancer"],
+        subjects.HANDOFF,
+        Handoff(REQUEST, "p", "ns", [BlockRef(bytes(16), 3)], 3),
+        HandoffReply,
+    ),
 }
 
 

@@ -63,7 +63,8 @@ def _app(peer: Peer) -> FastAPI:
         return PlainTextResponse(
             "# TYPE ferry_requests_running gauge\n"
             f'ferry_requests_running{{role="decode"}} {peer.in_flight}\n'
-            'ferry_requests_running{role="prefill"} 100\n')
+            'ferry_requests_running{role="prefill"} 100\n'
+        )
 
     return app
 
@@ -102,8 +103,9 @@ async def served():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     peer = Peer()
-    server = uvicorn.Server(uvicorn.Config(_app(peer), host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(_app(peer), host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
     task = asyncio.create_task(server.serve())
     while not server.started:
         assert not task.done(), "stub server did not start"
@@ -114,8 +116,10 @@ async def served():
 
 
 def _calls(lengths: list[int]) -> list[CompletionCall]:
-    return [CompletionCall(index=i, prompt=list(range(5 + i)), max_tokens=n, num_prompt_tokens=5 + i)
-            for i, n in enumerate(lengths)]
+    return [
+        CompletionCall(index=i, prompt=list(range(5 + i)), max_tokens=n, num_prompt_tokens=5 + i)
+        for i, n in enumerate(lengths)
+    ]
 
 
 def _config(base_url: str, **kw) -> OnlineConfig:
@@ -154,7 +158,7 @@ async def test_silent_stream_with_usage_counts_tokens_but_has_no_ttft(served):
     phase = await run_phase(_calls([5]), [0.0], _config(base_url), "p", math.inf)
     (r,) = phase.results
     assert r.ok and r.num_output_tokens == 5 and r.ttft_s is None and r.tpot_s is None
-    peer.send_usage = False                      # nothing streamed and no usage: a failed request
+    peer.send_usage = False  # nothing streamed and no usage: a failed request
     phase = await run_phase(_calls([5]), [0.0], _config(base_url), "p", math.inf)
     assert not phase.results[0].ok and phase.results[0].error == "stream ended without any token"
 
@@ -181,7 +185,7 @@ async def test_poisson_schedule_is_followed(served):
     arrivals = [0.0, 0.15, 0.3, 0.45]
     phase = await run_phase(_calls([2] * 4), arrivals, _config(base_url), "poisson", 6.0)
     sent = [r.sent_at_s for r in phase.results]
-    assert all(s >= a for s, a in zip(sent, arrivals))   # never early
+    assert all(s >= a for s, a in zip(sent, arrivals))  # never early
     assert all(s - a < 0.1 for s, a in zip(sent, arrivals))
     assert phase.scheduled_s == arrivals and phase.rate_rps == 6.0
 
@@ -201,8 +205,9 @@ async def test_hf_server_gets_generation_config_not_extra_fields(served):
     peer.hf_strict, peer.ttft_s, peer.itl_s = True, 0.0, 0.0
     rejected = await run_phase(_calls([3]), [0.0], _config(base_url), "extra", math.inf)
     assert not rejected.results[0].ok and rejected.results[0].error.startswith("HTTP 422")
-    accepted = await run_phase(_calls([3]), [0.0], _config(base_url, length_control="hf-generation-config"),
-                               "hf", math.inf)
+    accepted = await run_phase(
+        _calls([3]), [0.0], _config(base_url, length_control="hf-generation-config"), "hf", math.inf
+    )
     assert accepted.results[0].ok and accepted.results[0].num_output_tokens == 3
 
 
@@ -212,7 +217,7 @@ async def test_batch_size_is_sampled_from_metrics(served):
     config = _config(base_url, metrics_urls=(f"{base_url}/metrics",), metrics_interval_s=0.05)
     phase = await run_phase(_calls([20] * 4), [0.0] * 4, config, "p", math.inf)
     values = [v for _, v in phase.batch_samples]
-    assert values and max(values) == 4.0             # the prefill gauge (100) is filtered out
+    assert values and max(values) == 4.0  # the prefill gauge (100) is filtered out
     assert all(0 <= v <= 4 for v in values)
 
 
@@ -230,19 +235,36 @@ async def test_ferry_bench_url_writes_json_png_and_markdown(served, tmp_path):
 
     base_url, peer = served
     peer.ttft_s, peer.itl_s = 0.01, 0.002
-    argv = ["bench", "--url", base_url, "--num-requests", "6", "--seed", "3", "--output-lens", "4,8",
-            "--rates", "inf,30", "--out", str(tmp_path), "--no-progress", "--metrics-url", f"{base_url}/metrics"]
-    assert await asyncio.to_thread(main, argv) == 0      # the CLI runs its own event loop; the peer runs in ours
+    argv = [
+        "bench",
+        "--url",
+        base_url,
+        "--num-requests",
+        "6",
+        "--seed",
+        "3",
+        "--output-lens",
+        "4,8",
+        "--rates",
+        "inf,30",
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+        "--metrics-url",
+        f"{base_url}/metrics",
+    ]
+    assert await asyncio.to_thread(main, argv) == 0  # the CLI runs its own event loop; the peer runs in ours
     workload = make_workload(WorkloadConfig(num_requests=6, seed=3, output_lens=(4, 8)))
-    assert len(peer.bodies) == 12                          # two phases of six
+    assert len(peer.bodies) == 12  # two phases of six
     assert sorted(map(len, (b["prompt"] for b in peer.bodies))) == sorted(
-        [len(r.prompt_token_ids) for r in workload] * 2)
+        [len(r.prompt_token_ids) for r in workload] * 2
+    )
     report = json.loads((tmp_path / "bench.json").read_text())
     assert [s["name"] for s in report["summary"]] == ["all-at-once", "poisson-30rps"]
     for s in report["summary"]:
         assert s["num_ok"] == 6 and s["output_tokens"] == sum(r.max_tokens for r in workload)
         assert s["ttft_ms"]["p50"] >= 10.0
-    assert report["meta"]["model"] == "stub-model"          # detected from /v1/models
+    assert report["meta"]["model"] == "stub-model"  # detected from /v1/models
     for name in ("throughput_vs_load.png", "ttft_cdf.png", "itl_cdf.png", "batch_size.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     assert "| poisson-30rps | 30.00 | 6/6 |" in (tmp_path / "summary.md").read_text()

@@ -37,8 +37,9 @@ async def wait_for_stats(nc, predicate, timeout_s: float = 30.0) -> dict:
 @pytest.fixture
 def example(nats_url):
     env = {**os.environ, "FERRY_NATS_URL": nats_url, "FERRY_LOG_LEVEL": "INFO"}
-    proc = subprocess.Popen([sys.executable, "-m", "ferry.bus.example", SUBJECT], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ferry.bus.example", SUBJECT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     yield proc
     if proc.poll() is None:
         proc.kill()
@@ -77,7 +78,8 @@ async def test_failing_background_task_stops_the_service_with_exit_1(nats_url):
         shutdown_calls.append(svc.draining.is_set())
 
     exit_code = await asyncio.wait_for(
-        run_service(service_nc, svc, background=[broken_loop()], on_shutdown=on_shutdown), timeout=10)
+        run_service(service_nc, svc, background=[broken_loop()], on_shutdown=on_shutdown), timeout=10
+    )
     assert exit_code == 1
     assert shutdown_calls == [True]
     assert service_nc.is_closed
@@ -101,7 +103,8 @@ async def test_stop_event_shuts_down_cleanly_and_cancels_background_work(nats_ur
         stop.set()
 
     exit_code = await asyncio.wait_for(
-        run_service(service_nc, svc, background=[forever(), stop_soon()], stop=stop), timeout=10)
+        run_service(service_nc, svc, background=[forever(), stop_soon()], stop=stop), timeout=10
+    )
     assert exit_code == 0
     assert cancelled.is_set()
     assert service_nc.is_closed

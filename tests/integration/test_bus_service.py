@@ -79,8 +79,10 @@ async def test_bus_error_answers_its_own_code(nc, service):
     assert service.stats()["lookup"].num_errors == 1
 
 
-@pytest.mark.parametrize("garbage", [b"\xc1\xff not msgpack", encode(Cancel(request_ids=["r1"])),
-                                     b"\x93\x01\xaakv_lookup\x81\xacblock_hashes\x01"])
+@pytest.mark.parametrize(
+    "garbage",
+    [b"\xc1\xff not msgpack", encode(Cancel(request_ids=["r1"])), b"\x93\x01\xaakv_lookup\x81\xacblock_hashes\x01"],
+)
 async def test_garbage_bytes_get_bad_request_and_the_service_survives(nc, service, garbage):
     _, msg = await ask(nc, garbage)
     assert isinstance(msg, ErrorReply) and msg.code == "bad_request"
@@ -168,8 +170,9 @@ async def test_handlers_run_inside_their_request_context(nc):
     svc.endpoint("ferry.test.submit", SubmitRequest, submit)
     await svc.start(nc)
     try:
-        request = GenerateRequest(request_id="req-5", gateway_id="gw", model="m", prompt_token_ids=[1],
-                                  sampling=SamplingParams())
+        request = GenerateRequest(
+            request_id="req-5", gateway_id="gw", model="m", prompt_token_ids=[1], sampling=SamplingParams()
+        )
         reply = await nc.request("ferry.test.submit", encode(SubmitRequest(request=request)), timeout=2)
         assert decode(reply.data) == SubmitReply(request_id="req-5", accepted=True)
     finally:

@@ -10,8 +10,20 @@ import time
 
 import pytest
 
-from ferry.protocol import (Cancel, ErrorEvent, GenerateRequest, LoadReport, OutputBatch, SamplingParams,
-                            SubmitReply, SubmitRequest, TokenEvent, decode, encode, subjects)
+from ferry.protocol import (
+    Cancel,
+    ErrorEvent,
+    GenerateRequest,
+    LoadReport,
+    OutputBatch,
+    SamplingParams,
+    SubmitReply,
+    SubmitRequest,
+    TokenEvent,
+    decode,
+    encode,
+    subjects,
+)
 from ferry_services.gateway.bus import GatewayBus
 from ferry_services.gateway.errors import APIError
 from ferry_services.gateway.generation import Generation
@@ -52,16 +64,27 @@ class Cluster:
     async def _report_forever(self) -> None:
         while True:
             for worker_id, role in list(self.alive.items()):
-                report = LoadReport(worker_id=worker_id, role=role, model="m", kv_namespace="ns",
-                                    timestamp=time.time(), interval_s=INTERVAL_S, num_running=0, num_waiting=0,
-                                    num_queued_prefill_tokens=0, kv_blocks_used=0, kv_blocks_total=8,
-                                    max_running=4)
+                report = LoadReport(
+                    worker_id=worker_id,
+                    role=role,
+                    model="m",
+                    kv_namespace="ns",
+                    timestamp=time.time(),
+                    interval_s=INTERVAL_S,
+                    num_running=0,
+                    num_waiting=0,
+                    num_queued_prefill_tokens=0,
+                    kv_blocks_used=0,
+                    kv_blocks_total=8,
+                    max_running=4,
+                )
                 await self.nc.publish(subjects.load(role, worker_id), encode(report))
             await asyncio.sleep(INTERVAL_S)
 
     async def send(self, worker_id: str, index: int, ids: list[int], attempt: int, finish: str | None = None) -> None:
-        event = TokenEvent("r1", index=index, token_ids=ids, text="".join(f"<{i}>" for i in ids),
-                           finish_reason=finish, attempt=attempt)
+        event = TokenEvent(
+            "r1", index=index, token_ids=ids, text="".join(f"<{i}>" for i in ids), finish_reason=finish, attempt=attempt
+        )
         await self.nc.publish(subjects.out(GATEWAY), encode(OutputBatch(worker_id, tokens=[event])))
         await self.nc.flush()
 
@@ -112,9 +135,9 @@ async def test_a_silent_holder_is_migrated_with_the_tokens_so_far(cluster):
     again = cluster.submitted[1]
     assert again.attempt == 1 and again.output_token_ids == [10, 11, 12] and again.prompt_token_ids == [1, 2, 3]
     assert any(c.below_attempt == 1 and c.request_ids == ["r1"] for c in cluster.cancels)
-    await cluster.send("d1", 3, [99], attempt=0)       # a stale copy still talking: dropped
+    await cluster.send("d1", 3, [99], attempt=0)  # a stale copy still talking: dropped
     await cluster.send("p2", 3, [13], attempt=1)
-    await cluster.send("p2", 3, [13], attempt=1)       # a repeat: dropped
+    await cluster.send("p2", 3, [13], attempt=1)  # a repeat: dropped
     await cluster.send("d2", 4, [14, 15], attempt=1, finish="length")
     await asyncio.wait_for(reader, 5)
     assert got == [10, 11, 12, 13, 14, 15]
@@ -128,7 +151,7 @@ async def test_a_gap_in_the_tokens_is_redone_not_shown(cluster):
     got: list[int] = []
     reader = asyncio.create_task(collect(gen, got))
     await cluster.send("p1", 0, [10, 11], attempt=0)
-    await cluster.send("p1", 3, [13], attempt=0)       # token 2 went missing
+    await cluster.send("p1", 3, [13], attempt=0)  # token 2 went missing
     await until(lambda: len(cluster.submitted) == 2)
     assert cluster.submitted[1].output_token_ids == [10, 11] and cluster.submitted[1].attempt == 1
     await cluster.send("p2", 2, [12, 13, 14, 15], attempt=1, finish="length")

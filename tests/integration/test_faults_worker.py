@@ -10,8 +10,17 @@ import asyncio
 import pytest
 from test_worker_pipeline import PROMPTS, System, tiny_model  # noqa: F401  (tiny_model: a fixture)
 
-from ferry.protocol import (Cancel, GenerateRequest, OutputBatch, SamplingParams, SubmitReply, SubmitRequest,
-                            decode, encode, subjects)
+from ferry.protocol import (
+    Cancel,
+    GenerateRequest,
+    OutputBatch,
+    SamplingParams,
+    SubmitReply,
+    SubmitRequest,
+    decode,
+    encode,
+    subjects,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -53,11 +62,12 @@ async def until(predicate, timeout_s: float = 60.0) -> None:
     async def wait():
         while not predicate():
             await asyncio.sleep(0.01)
+
     await asyncio.wait_for(wait(), timeout_s)
 
 
 @pytest.fixture
-async def system(nc, nats_url, redis_url, redis, tiny_model):  # noqa: F811
+async def system(nc, nats_url, redis_url, redis, tiny_model):
     system = System(nats_url, redis_url, tiny_model)
     await system.start()
     await asyncio.sleep(0.5)
@@ -73,8 +83,9 @@ async def client(nc):
 
 
 def request(attempt: int = 0, output: list[int] | None = None, sampling=LONG) -> GenerateRequest:
-    return GenerateRequest("mig", "gw-att", "tiny", PROMPTS[1], sampling, output_token_ids=output or [],
-                           attempt=attempt)
+    return GenerateRequest(
+        "mig", "gw-att", "tiny", PROMPTS[1], sampling, output_token_ids=output or [], attempt=attempt
+    )
 
 
 async def test_a_newer_attempt_replaces_the_older_copy_and_continues_exactly(system, client, nc):

@@ -11,17 +11,16 @@ import time
 import httpx
 import openai
 import pytest
+from test_gateway_peer import GATEWAY_ID, MAX_INFLIGHT, TIMEOUT_S, Peer, gateway_url, model_dir, peer, wait_until  # noqa: F401
 
 from ferry.protocol import GenerateRequest
-from test_gateway_peer import (GATEWAY_ID, MAX_INFLIGHT, TIMEOUT_S, Peer, gateway_url, model_dir,  # noqa: F401
-                               peer, wait_until)
 
 pytestmark = pytest.mark.integration
 
 
 def sse_payloads(response: httpx.Response) -> list:
     """The JSON payloads of an SSE body, and the final '[DONE]'."""
-    lines = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+    lines = [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")]
     return [line if line == "[DONE]" else json.loads(line) for line in lines]
 
 
@@ -36,8 +35,15 @@ def test_ready_lists_the_live_workers(gateway_url):
 
 
 def test_completion_converts_sampling_and_counts_usage(gateway_url, peer):
-    body = {"model": "tiny", "prompt": "hello world", "max_tokens": 5, "temperature": 0.5, "top_p": 0.9,
-            "seed": 7, "stop": ["zzz"]}
+    body = {
+        "model": "tiny",
+        "prompt": "hello world",
+        "max_tokens": 5,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "seed": 7,
+        "stop": ["zzz"],
+    }
     response = httpx.post(f"{gateway_url}/v1/completions", json=body, timeout=10)
     assert response.status_code == 200, response.text
     out = response.json()
@@ -54,8 +60,13 @@ def test_completion_converts_sampling_and_counts_usage(gateway_url, peer):
 
 
 def test_chat_stream_relays_every_token_once_with_usage(gateway_url, peer):
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "say hi mode:dup"}], "stream": True,
-            "max_tokens": 6, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "say hi mode:dup"}],
+        "stream": True,
+        "max_tokens": 6,
+        "stream_options": {"include_usage": True},
+    }
     with httpx.stream("POST", f"{gateway_url}/v1/chat/completions", json=body, timeout=10) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         payloads = sse_payloads(response)
@@ -84,17 +95,24 @@ def test_logprobs_have_openai_shapes(gateway_url, peer):
     assert lp["token_logprobs"] == [-0.25] * 3
     assert [list(top.values()) for top in lp["top_logprobs"]] == [[-0.25]] * 3
     assert lp["text_offset"][0] == 0 and lp["text_offset"][1] == len(lp["tokens"][0])
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "logprobs": True,
-            "top_logprobs": 2}
-    content = httpx.post(f"{gateway_url}/v1/chat/completions", json=body, timeout=10).json()["choices"][0][
-        "logprobs"]["content"]
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    content = httpx.post(f"{gateway_url}/v1/chat/completions", json=body, timeout=10).json()["choices"][0]["logprobs"][
+        "content"
+    ]
     assert [c["token"] for c in content] == [peer.tokenizer.decode([t]) for t in peer.reply_ids[:2]]
     assert content[0]["bytes"] == list(content[0]["token"].encode())
     assert [t["logprob"] for t in content[0]["top_logprobs"]] == [-0.25, -1.75]
 
 
-@pytest.mark.parametrize(("mode", "status", "code"), [("overloaded", 429, "overloaded"),
-                                                      ("noworkers", 503, "no_workers")])
+@pytest.mark.parametrize(
+    ("mode", "status", "code"), [("overloaded", 429, "overloaded"), ("noworkers", 503, "no_workers")]
+)
 def test_balancer_rejections_map_to_http_statuses(gateway_url, mode, status, code):
     body = {"model": "tiny", "prompt": f"mode:{mode}", "stream": True}
     response = httpx.post(f"{gateway_url}/v1/completions", json=body, timeout=10)
@@ -116,8 +134,7 @@ def test_a_worker_error_reaches_the_client(gateway_url):
 
 def test_a_silent_request_times_out_and_is_cancelled(gateway_url, peer):
     started = time.monotonic()
-    response = httpx.post(f"{gateway_url}/v1/completions", json={"model": "tiny", "prompt": "mode:hang"},
-                          timeout=10)
+    response = httpx.post(f"{gateway_url}/v1/completions", json={"model": "tiny", "prompt": "mode:hang"}, timeout=10)
     assert response.status_code == 504 and response.json()["error"]["code"] == "timeout"
     assert time.monotonic() - started < TIMEOUT_S + 3
     request_id = peer.submits[-1].request_id
@@ -142,8 +159,10 @@ def test_a_client_that_disconnects_cancels_its_request(gateway_url, peer, stream
 def test_admission_is_429_when_max_inflight_requests_wait(gateway_url, peer):
     body = {"model": "tiny", "prompt": "mode:hang", "stream": True}
     with httpx.Client(timeout=10) as client:
-        streams = [client.send(client.build_request("POST", f"{gateway_url}/v1/completions", json=body),
-                               stream=True) for _ in range(MAX_INFLIGHT)]
+        streams = [
+            client.send(client.build_request("POST", f"{gateway_url}/v1/completions", json=body), stream=True)
+            for _ in range(MAX_INFLIGHT)
+        ]
         assert [s.status_code for s in streams] == [200] * MAX_INFLIGHT
         response = client.post(f"{gateway_url}/v1/completions", json=body)
         assert response.status_code == 429 and response.json()["error"]["code"] == "overloaded"
@@ -157,7 +176,7 @@ def test_admission_is_429_when_max_inflight_requests_wait(gateway_url, peer):
 
 
 @pytest.fixture(scope="module")
-def expected(peer):  # noqa: F811
+def expected(peer):
     """The peer's reply cut after n tokens."""
     return lambda n: peer.tokenizer.decode(peer.reply_ids[:n])
 
@@ -166,10 +185,11 @@ def sync_client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=10)
 
 
-def test_sync_sdk_chat_and_completions(gateway_url, expected):  # noqa: F811
+def test_sync_sdk_chat_and_completions(gateway_url, expected):
     client = sync_client(gateway_url)
-    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                          max_tokens=4, seed=1, temperature=0)
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, seed=1, temperature=0
+    )
     assert chat.choices[0].message.content == expected(4)
     assert chat.choices[0].finish_reason == "length"
     assert chat.usage.completion_tokens == 4 and chat.usage.total_tokens == chat.usage.prompt_tokens + 4
@@ -178,25 +198,31 @@ def test_sync_sdk_chat_and_completions(gateway_url, expected):  # noqa: F811
     assert [m.id for m in client.models.list()] == ["tiny"]
 
 
-def test_sync_sdk_streams(gateway_url, expected):  # noqa: F811
+def test_sync_sdk_streams(gateway_url, expected):
     client = sync_client(gateway_url)
-    stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                            max_tokens=5, stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected(5)
     assert chunks[-1].usage.completion_tokens == 5
-    texts = [c.choices[0].text for c in client.completions.create(model="tiny", prompt="x", max_tokens=2,
-                                                                    stream=True)]
+    texts = [c.choices[0].text for c in client.completions.create(model="tiny", prompt="x", max_tokens=2, stream=True)]
     assert "".join(texts) == expected(2)
 
 
-async def test_async_sdk_chat_and_completions_streamed_and_not(gateway_url, expected):  # noqa: F811
+async def test_async_sdk_chat_and_completions_streamed_and_not(gateway_url, expected):
     client = openai.AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key="none", max_retries=0, timeout=10)
-    chat = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                                max_tokens=3)
+    chat = await client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
     assert chat.choices[0].message.content == expected(3)
-    stream = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                                  max_tokens=3, stream=True)
+    stream = await client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
+    )
     assert "".join([c.choices[0].delta.content or "" async for c in stream]) == expected(3)
     completion = await client.completions.create(model="tiny", prompt="hello", max_tokens=2, logprobs=0)
     assert completion.choices[0].text == expected(2)
@@ -206,7 +232,7 @@ async def test_async_sdk_chat_and_completions_streamed_and_not(gateway_url, expe
     await client.close()
 
 
-def test_sdk_raises_its_typed_errors(gateway_url):  # noqa: F811
+def test_sdk_raises_its_typed_errors(gateway_url):
     client = sync_client(gateway_url)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="hi")

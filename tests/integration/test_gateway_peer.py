@@ -24,8 +24,20 @@ import pytest
 from ferry.launcher.servers import free_port, start_nats
 from ferry.model.make_model import make_model
 from ferry.model.tokenizer import Tokenizer
-from ferry.protocol import (Cancel, ErrorEvent, GenerateRequest, LoadReport, OutputBatch, SubmitReply,
-                            SubmitRequest, TokenEvent, TokenLogprob, decode, encode, subjects)
+from ferry.protocol import (
+    Cancel,
+    ErrorEvent,
+    GenerateRequest,
+    LoadReport,
+    OutputBatch,
+    SubmitReply,
+    SubmitRequest,
+    TokenEvent,
+    TokenLogprob,
+    decode,
+    encode,
+    subjects,
+)
 
 GATEWAY_ID = "gw-itest"
 REPLY = "The ferry boat crossed the river at night, and the harbor light was green and small."
@@ -90,10 +102,20 @@ class Peer:
     async def _report_load(self) -> None:
         while True:
             for role in ("prefill", "decode"):
-                report = LoadReport(worker_id=f"{role}-peer", role=role, model="tiny", kv_namespace="ns",
-                                    timestamp=time.time(), interval_s=0.2, num_running=0, num_waiting=0,
-                                    num_queued_prefill_tokens=0, kv_blocks_used=0, kv_blocks_total=64,
-                                    max_running=8)
+                report = LoadReport(
+                    worker_id=f"{role}-peer",
+                    role=role,
+                    model="tiny",
+                    kv_namespace="ns",
+                    timestamp=time.time(),
+                    interval_s=0.2,
+                    num_running=0,
+                    num_waiting=0,
+                    num_queued_prefill_tokens=0,
+                    kv_blocks_used=0,
+                    kv_blocks_total=64,
+                    max_running=8,
+                )
                 await self._nc.publish(f"ferry.load.{role}.{role}-peer", encode(report))
             await asyncio.sleep(0.2)
 
@@ -113,8 +135,7 @@ class Peer:
 
     def _mode(self, request: GenerateRequest) -> str:
         prompt = self.tokenizer.decode(request.prompt_token_ids, skip_special_tokens=True)
-        return next((m for m in ("hang", "dup", "error", "overloaded", "noworkers") if f"mode:{m}" in prompt),
-                    "normal")
+        return next((m for m in ("hang", "dup", "error", "overloaded", "noworkers") if f"mode:{m}" in prompt), "normal")
 
     async def _publish(self, gateway_id: str, tokens=(), errors=()) -> None:
         batch = OutputBatch(worker_id="decode-peer", tokens=list(tokens), errors=list(errors))
@@ -140,9 +161,15 @@ class Peer:
             elif i + 1 == len(self.reply_ids):
                 finish = "stop"
             text += piece
-            event = TokenEvent(rid, index=i, token_ids=[token_id], text=piece, finish_reason=finish,
-                               logprobs=self._logprobs(token_id, sampling.logprobs),
-                               num_prompt_tokens=len(request.prompt_token_ids))
+            event = TokenEvent(
+                rid,
+                index=i,
+                token_ids=[token_id],
+                text=piece,
+                finish_reason=finish,
+                logprobs=self._logprobs(token_id, sampling.logprobs),
+                num_prompt_tokens=len(request.prompt_token_ids),
+            )
             await self._publish(request.gateway_id, tokens=[event, event] if mode == "dup" else [event])
             if finish:
                 return
@@ -178,12 +205,19 @@ class GatewayProcess:
     def __init__(self, nats_url: str, model_dir, log_path, **env: str) -> None:
         self.url = f"http://127.0.0.1:{free_port()}"
         self.log_path = log_path
-        env = {**os.environ, "FERRY_NATS_URL": nats_url, "FERRY_MODEL": str(model_dir),
-               "FERRY_SERVED_MODEL_NAME": "tiny", "FERRY_HTTP_HOST": "127.0.0.1",
-               "FERRY_HTTP_PORT": self.url.rsplit(":", 1)[1], **env}
+        env = {
+            **os.environ,
+            "FERRY_NATS_URL": nats_url,
+            "FERRY_MODEL": str(model_dir),
+            "FERRY_SERVED_MODEL_NAME": "tiny",
+            "FERRY_HTTP_HOST": "127.0.0.1",
+            "FERRY_HTTP_PORT": self.url.rsplit(":", 1)[1],
+            **env,
+        }
         with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "ferry_services.gateway"], env=env, stdout=log,
-                                         stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ferry_services.gateway"], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
 
     def wait_until_answering(self, path: str, status: int = 200) -> None:
         wait_until(lambda: self.proc.poll() is not None or _status(self.url + path) == status, timeout_s=60)
@@ -208,9 +242,15 @@ def _status(url: str) -> int | None:
 
 @pytest.fixture(scope="module")
 def gateway_url(nats_url, model_dir, peer, tmp_path_factory) -> Iterator[str]:
-    gateway = GatewayProcess(nats_url, model_dir, tmp_path_factory.mktemp("gw") / "gateway.log",
-                             FERRY_GATEWAY_ID=GATEWAY_ID, FERRY_REQUEST_TIMEOUT_S=str(TIMEOUT_S),
-                             FERRY_MAX_INFLIGHT=str(MAX_INFLIGHT), FERRY_RETRY_AFTER_S="2")
+    gateway = GatewayProcess(
+        nats_url,
+        model_dir,
+        tmp_path_factory.mktemp("gw") / "gateway.log",
+        FERRY_GATEWAY_ID=GATEWAY_ID,
+        FERRY_REQUEST_TIMEOUT_S=str(TIMEOUT_S),
+        FERRY_MAX_INFLIGHT=str(MAX_INFLIGHT),
+        FERRY_RETRY_AFTER_S="2",
+    )
     try:
         gateway.wait_until_answering("/ready")
         yield gateway.url

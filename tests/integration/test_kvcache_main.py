@@ -17,8 +17,9 @@ pytestmark = pytest.mark.integration
 
 async def test_entry_point_serves_until_sigterm(nc, nats_url, redis_url, redis):
     env = {**os.environ, "FERRY_NATS_URL": nats_url, "FERRY_REDIS_URL": redis_url, "FERRY_LOG_LEVEL": "INFO"}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "ferry_services.kvcache", env=env,
-                                                stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ferry_services.kvcache", env=env, stderr=asyncio.subprocess.PIPE
+    )
     try:
         stats = await _until_healthy(nc)
         assert stats.num_blocks == 0 and stats.eviction_policy == "allkeys-lru"

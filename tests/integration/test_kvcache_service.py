@@ -10,7 +10,16 @@ import torch
 from ferry.kvstore import KvStore, RedisTransport, block_key
 from ferry.launcher.servers import start_redis
 from ferry.protocol import (
-    ErrorReply, KvEvent, KvLookup, KvLookupReply, KvStats, KvStatsRequest, decode, encode, hash_full_blocks, subjects,
+    ErrorReply,
+    KvEvent,
+    KvLookup,
+    KvLookupReply,
+    KvStats,
+    KvStatsRequest,
+    decode,
+    encode,
+    hash_full_blocks,
+    subjects,
 )
 from ferry_services.kvcache.service import serve
 from ferry_services.kvcache.settings import KvCacheSettings
@@ -49,8 +58,14 @@ class Running:
     """The service in this event loop (the same `serve` as `python -m ferry_services.kvcache`)."""
 
     def __init__(self, nats_url, redis_url, **settings):
-        self.settings = KvCacheSettings(nats_url=nats_url, redis_url=redis_url, kv_health_interval_s=0.2,
-                                        kv_event_flush_s=0.01, kv_redis_timeout_s=0.5, **settings)
+        self.settings = KvCacheSettings(
+            nats_url=nats_url,
+            redis_url=redis_url,
+            kv_health_interval_s=0.2,
+            kv_event_flush_s=0.01,
+            kv_redis_timeout_s=0.5,
+            **settings,
+        )
         self.stop = asyncio.Event()
 
     async def __aenter__(self):

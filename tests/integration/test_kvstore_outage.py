@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from ferry.kvstore import KvStore, KvStoreUnavailable, RedisTransport
-from ferry.protocol import hash_full_blocks
-
 from ferry.launcher.servers import start_redis
+from ferry.protocol import hash_full_blocks
 
 pytestmark = pytest.mark.integration
 

@@ -67,8 +67,10 @@ class System:
         self.workers = {}
 
     async def start(self) -> None:
-        for cls, settings in ((PrefillBalancer, PrefillBalancerSettings(tick_s=0.2)),
-                              (DecodeBalancer, DecodeBalancerSettings(tick_s=0.2))):
+        for cls, settings in (
+            (PrefillBalancer, PrefillBalancerSettings(tick_s=0.2)),
+            (DecodeBalancer, DecodeBalancerSettings(tick_s=0.2)),
+        ):
             nc = await self._connect()
             await ensure_work_stream(nc.jetstream())
             balancer = cls(nc, settings)
@@ -78,8 +80,16 @@ class System:
             await self.start_worker(role, f"{role}-t")
 
     async def start_worker(self, role: str, worker_id: str, **overrides):
-        settings = WorkerSettings(role=role, model=str(self.model), worker_id=worker_id, num_kv_blocks=64,
-                                  max_running=8, load_interval_s=0.2, redis_url=self.redis_url, **overrides)
+        settings = WorkerSettings(
+            role=role,
+            model=str(self.model),
+            worker_id=worker_id,
+            num_kv_blocks=64,
+            max_running=8,
+            load_interval_s=0.2,
+            redis_url=self.redis_url,
+            **overrides,
+        )
         engine = await asyncio.to_thread(build_engine, settings)
         nc = await self._connect()
         transport = RedisTransport(self.redis_url)
@@ -144,8 +154,9 @@ class Client:
                 self.finished[event.request_id] = event.finish_reason
 
     async def submit(self, request_id: str, prompt: list[int], sampling=GREEDY) -> SubmitReply:
-        request = GenerateRequest(request_id=request_id, gateway_id="gw", model="tiny",
-                                  prompt_token_ids=prompt, sampling=sampling)
+        request = GenerateRequest(
+            request_id=request_id, gateway_id="gw", model="tiny", prompt_token_ids=prompt, sampling=sampling
+        )
         reply = await self.nc.request(subjects.SUBMIT, encode(SubmitRequest(request)), timeout=5)
         return decode(reply.data, SubmitReply)
 
@@ -153,6 +164,7 @@ class Client:
         async def done():
             while not set(request_ids) <= set(self.finished) and not self.errors:
                 await asyncio.sleep(0.02)
+
         await asyncio.wait_for(done(), timeout_s)
 
 
@@ -211,8 +223,10 @@ async def test_cancel_mid_stream_frees_blocks_on_every_worker(system, client):
         if all(w.compute.stats.kv_blocks_used == 0 and not w.requests for w in system.workers.values()):
             break
         await asyncio.sleep(0.05)
-    assert [(w.worker_id, w.compute.stats.kv_blocks_used, len(w.requests)) for w in system.workers.values()] \
-        == [("prefill-t", 0, 0), ("decode-t", 0, 0)]
+    assert [(w.worker_id, w.compute.stats.kv_blocks_used, len(w.requests)) for w in system.workers.values()] == [
+        ("prefill-t", 0, 0),
+        ("decode-t", 0, 0),
+    ]
     assert "long" not in client.finished
 
 

@@ -39,8 +39,7 @@ def make_client(model_dir, **settings_fields) -> TestClient:
 def guarded(model_dir, tmp_path_factory):
     key_file = tmp_path_factory.mktemp("keys") / "keys.txt"
     key_file.write_text(f"# rotated 2026-12\n\n{KEY_B}\n")
-    with make_client(model_dir, api_keys=f" {KEY_A} ,", api_key_file=str(key_file),
-                     max_body_bytes=LIMIT) as client:
+    with make_client(model_dir, api_keys=f" {KEY_A} ,", api_key_file=str(key_file), max_body_bytes=LIMIT) as client:
         yield client
 
 
@@ -55,13 +54,27 @@ def test_valid_keys_from_env_and_file_pass_the_guard(guarded):
     assert guarded.get("/v1/models", headers={"Authorization": f"bearer {KEY_A}"}).status_code == 200
 
 
-@pytest.mark.parametrize("authorization", [None, "", "Bearer", "Bearer ", f"Basic {KEY_A}", f"Bearer {KEY_A}x",
-                                           f"Bearer {KEY_A[:-1]}", "Bearer # rotated 2026-12", f"{KEY_A}"])
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        None,
+        "",
+        "Bearer",
+        "Bearer ",
+        f"Basic {KEY_A}",
+        f"Bearer {KEY_A}x",
+        f"Bearer {KEY_A[:-1]}",
+        "Bearer # rotated 2026-12",
+        f"{KEY_A}",
+    ],
+)
 def test_missing_or_wrong_key_is_401_openai_shaped_and_leaks_nothing(guarded, authorization):
     headers = {} if authorization is None else {"Authorization": authorization}
-    for response in (guarded.post("/v1/completions", json=body(), headers=headers),
-                     guarded.get("/v1/models", headers=headers),
-                     guarded.post("/v1/chat/completions", content=b"\xff not json", headers=headers)):
+    for response in (
+        guarded.post("/v1/completions", json=body(), headers=headers),
+        guarded.get("/v1/models", headers=headers),
+        guarded.post("/v1/chat/completions", content=b"\xff not json", headers=headers),
+    ):
         assert response.status_code == 401
         assert response.headers["www-authenticate"] == "Bearer"
         error = response.json()["error"]

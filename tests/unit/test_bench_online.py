@@ -22,7 +22,7 @@ def test_poisson_schedule_is_reproducible_from_the_seed():
     for plan in first[1:]:
         gaps = [b - a for a, b in zip(plan.arrivals_s, plan.arrivals_s[1:])]
         assert min(gaps) >= 0
-        assert sum(gaps) / len(gaps) == pytest.approx(1 / plan.rate_rps, rel=0.15)   # 399 exponential gaps
+        assert sum(gaps) / len(gaps) == pytest.approx(1 / plan.rate_rps, rel=0.15)  # 399 exponential gaps
 
 
 def test_calls_follow_the_workload():
@@ -30,7 +30,7 @@ def test_calls_follow_the_workload():
     ids = make_calls(workload, "ids")
     assert [c.index for c in ids] == list(range(20))
     assert all(c.num_prompt_tokens == len(c.prompt) for c in ids)
-    assert {tuple(c.prompt[:40]) for c in ids} == {tuple(ids[0].prompt[:40])}   # the shared prefix
+    assert {tuple(c.prompt[:40]) for c in ids} == {tuple(ids[0].prompt[:40])}  # the shared prefix
     texts = make_calls(workload, "text")
     assert [c.max_tokens for c in texts] == [c.max_tokens for c in ids]
     assert all(len(t.prompt.split()) == c.num_prompt_tokens - 1 for t, c in zip(texts, ids))
@@ -41,7 +41,7 @@ def test_calls_follow_the_workload():
 def test_text_prompts_keep_their_length_in_the_bench_tokenizer():
     from ferry.model.bpe_tokenizer import train_tokenizer
 
-    tokenizer = train_tokenizer(2048)   # what `ferry make-model` writes (BOS added by the server)
+    tokenizer = train_tokenizer(2048)  # what `ferry make-model` writes (BOS added by the server)
     for ids in ([5] * 16, list(range(16, 116)), list(range(500, 1524))):
         assert len(tokenizer.encode(ids_to_text(ids)).ids) == len(ids)
 

@@ -8,7 +8,12 @@ import math
 import pytest
 
 from ferry.bench.http_client import (
-    CallResult, CompletionCall, _apply_event, build_body, gauge_sum, parse_selector,
+    CallResult,
+    CompletionCall,
+    _apply_event,
+    build_body,
+    gauge_sum,
+    parse_selector,
 )
 from ferry.bench.online import OnlineConfig, PhaseResult
 from ferry.bench.report import markdown_summary, summarize, write_report
@@ -17,10 +22,16 @@ pytestmark = pytest.mark.unit
 
 
 def _result(index: int, chunk_times: list[float], num_out: int | None = None, ok: bool = True) -> CallResult:
-    return CallResult(index=index, sent_at_s=float(index), ok=ok, chunk_times_s=chunk_times,
-                      e2e_s=chunk_times[-1] + 0.001 if chunk_times else None,
-                      num_output_tokens=len(chunk_times) if num_out is None else num_out,
-                      num_prompt_tokens=10, error=None if ok else "HTTP 500: boom")
+    return CallResult(
+        index=index,
+        sent_at_s=float(index),
+        ok=ok,
+        chunk_times_s=chunk_times,
+        e2e_s=chunk_times[-1] + 0.001 if chunk_times else None,
+        num_output_tokens=len(chunk_times) if num_out is None else num_out,
+        num_prompt_tokens=10,
+        error=None if ok else "HTTP 500: boom",
+    )
 
 
 def test_tpot_and_itl_come_from_chunk_arrival_times():
@@ -31,13 +42,18 @@ def test_tpot_and_itl_come_from_chunk_arrival_times():
 
 
 def test_tpot_uses_reported_token_count_when_chunks_carry_several_tokens():
-    r = _result(0, [0.5, 1.5], num_out=11)   # two chunks, usage says 11 tokens
+    r = _result(0, [0.5, 1.5], num_out=11)  # two chunks, usage says 11 tokens
     assert r.tpot_s == pytest.approx(1.0 / 10)
 
 
 def test_summary_counts_only_successful_requests():
-    phase = PhaseResult(name="p", rate_rps=2.0, duration_s=4.0, scheduled_s=[0, 0.5, 1.0],
-                        results=[_result(0, [0.1, 0.2]), _result(1, [0.3, 0.4, 0.5]), _result(2, [], ok=False)])
+    phase = PhaseResult(
+        name="p",
+        rate_rps=2.0,
+        duration_s=4.0,
+        scheduled_s=[0, 0.5, 1.0],
+        results=[_result(0, [0.1, 0.2]), _result(1, [0.3, 0.4, 0.5]), _result(2, [], ok=False)],
+    )
     s = summarize(phase)
     assert (s["num_requests"], s["num_ok"], s["num_errors"]) == (3, 2, 1)
     assert s["output_tokens"] == 5
@@ -80,8 +96,10 @@ def test_config_rejects_bad_values_by_name():
 
 
 def test_gauge_sum_with_label_selector():
-    text = ('# TYPE ferry_requests_running gauge\n'
-            'ferry_requests_running{role="decode"} 3\nferry_requests_running{role="prefill"} 5\n')
+    text = (
+        "# TYPE ferry_requests_running gauge\n"
+        'ferry_requests_running{role="decode"} 3\nferry_requests_running{role="prefill"} 5\n'
+    )
     assert gauge_sum(text, 'ferry_requests_running{role="decode"}') == 3.0
     assert gauge_sum(text, "ferry_requests_running") == 8.0
     assert gauge_sum(text, "ferry_absent") is None
@@ -89,11 +107,23 @@ def test_gauge_sum_with_label_selector():
 
 
 def test_report_files_are_written(tmp_path):
-    phases = [PhaseResult(name="offline", rate_rps=math.inf, duration_s=1.0, scheduled_s=[0.0, 0.0],
-                          results=[_result(0, [0.1, 0.2, 0.3]), _result(1, [0.2, 0.25])],
-                          batch_samples=[(0.0, 1.0), (0.5, 2.0)]),
-              PhaseResult(name="poisson-2", rate_rps=2.0, duration_s=2.0, scheduled_s=[0.0, 0.4],
-                          results=[_result(0, [0.1, 0.2]), _result(1, [0.1, 0.3])])]
+    phases = [
+        PhaseResult(
+            name="offline",
+            rate_rps=math.inf,
+            duration_s=1.0,
+            scheduled_s=[0.0, 0.0],
+            results=[_result(0, [0.1, 0.2, 0.3]), _result(1, [0.2, 0.25])],
+            batch_samples=[(0.0, 1.0), (0.5, 2.0)],
+        ),
+        PhaseResult(
+            name="poisson-2",
+            rate_rps=2.0,
+            duration_s=2.0,
+            scheduled_s=[0.0, 0.4],
+            results=[_result(0, [0.1, 0.2]), _result(1, [0.1, 0.3])],
+        ),
+    ]
     report = write_report(tmp_path, {"target": "http://x", "model": "m"}, phases)
     written = json.loads((tmp_path / "bench.json").read_text())
     assert written["summary"] == json.loads(json.dumps(report["summary"]))

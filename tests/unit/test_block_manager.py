@@ -162,7 +162,8 @@ def test_events_are_net_changes_and_stay_bounded_when_nobody_drains():
     assert len(bm._pending) <= 4 and not bm._announced
     stored, removed = bm.drain_events()
     assert set(stored) == set(hash_full_blocks(list(range(199 * 8, 200 * 8)), BS)) | set(
-        hash_full_blocks(list(range(198 * 8, 199 * 8)), BS))
+        hash_full_blocks(list(range(198 * 8, 199 * 8)), BS)
+    )
     assert removed == []
     # once announced, an eviction is reported as removed
     seq = make_seq(range(10_000, 10_016), "big")

@@ -67,8 +67,11 @@ def _as_run(command: list[str]) -> list[str]:
 def _settings_env_names(service_name: str) -> set[str]:
     """FERRY_* variables the service's settings class reads (`ferry serve <service_name>`)."""
     module = importlib.import_module(SERVICE_MODULES[service_name] + ".settings")
-    classes = [c for c in vars(module).values()
-               if isinstance(c, type) and issubclass(c, ServiceSettings) and c is not ServiceSettings]
+    classes = [
+        c
+        for c in vars(module).values()
+        if isinstance(c, type) and issubclass(c, ServiceSettings) and c is not ServiceSettings
+    ]
     return {"FERRY_" + field.upper() for c in classes for field in c.model_fields}
 
 
@@ -146,9 +149,14 @@ def test_environment_names_are_settings_the_service_reads(compose_files):
 
 
 def test_nats_urls_carry_each_services_own_user(services):
-    users = {"gateway": "gateway", "prefill-balancer": "prefill_balancer",
-             "decode-balancer": "decode_balancer", "prefill-worker": "worker",
-             "decode-worker": "worker", "kvcache": "kvcache"}
+    users = {
+        "gateway": "gateway",
+        "prefill-balancer": "prefill_balancer",
+        "decode-balancer": "decode_balancer",
+        "prefill-worker": "worker",
+        "decode-worker": "worker",
+        "kvcache": "kvcache",
+    }
     auth = (ROOT / "ops/nats/auth.conf").read_text()
     for name, user in users.items():
         url = services[name]["environment"]["FERRY_NATS_URL"]

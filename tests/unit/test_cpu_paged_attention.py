@@ -53,8 +53,9 @@ def test_fused_matches_reference(group, window, layout):
     q = torch.randn(len(LENS), kv_heads * group, dim, generator=gen)
     lens = torch.tensor(LENS)
     got = fused(q, k_cache, v_cache, tables, lens, 0.125, window)
-    torch.testing.assert_close(got, ref.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125, window),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        got, ref.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125, window), atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("dim", [24, 80, 128])  # run-time sizes (remainder lanes) and the other compiled-in one
@@ -63,9 +64,12 @@ def test_fused_matches_reference_other_head_dims(dim):
     tables, num_blocks = _tables(LENS, gen)
     k_cache, v_cache = (_cache(num_blocks, 2, dim, "head_major", gen) for _ in "kv")
     q, lens = torch.randn(len(LENS), 4, dim, generator=gen), torch.tensor(LENS)
-    torch.testing.assert_close(fused(q, k_cache, v_cache, tables, lens, 0.3),
-                               ref.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.3),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        fused(q, k_cache, v_cache, tables, lens, 0.3),
+        ref.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.3),
+        atol=1e-5,
+        rtol=1e-5,
+    )
 
 
 def test_mla_value_cache_is_a_prefix_slice_of_the_key_cache():
@@ -77,8 +81,9 @@ def test_mla_value_cache_is_a_prefix_slice_of_the_key_cache():
     q, lens = torch.randn(len(LENS), 8, rank + rope, generator=gen), torch.tensor(LENS)
     got = fused(q, cache, cache[..., :rank], tables, lens, 0.1)
     assert got.shape == (len(LENS), 8, rank)
-    torch.testing.assert_close(got, ref.paged_decode_attention(q, cache, cache[..., :rank], tables, lens, 0.1),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        got, ref.paged_decode_attention(q, cache, cache[..., :rank], tables, lens, 0.1), atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -89,8 +94,7 @@ def test_reduced_precision_cache_accumulates_in_fp32(dtype, dim, group, strided)
     on the same (rounded) values."""
     gen = torch.Generator().manual_seed(4 + dim + group)
     tables, num_blocks = _tables(LENS, gen)
-    k_cache, v_cache = (_cache(num_blocks, 2, dim * (2 if strided else 1), "head_major", gen).to(dtype)
-                        for _ in "kv")
+    k_cache, v_cache = (_cache(num_blocks, 2, dim * (2 if strided else 1), "head_major", gen).to(dtype) for _ in "kv")
     if strided:
         k_cache, v_cache = k_cache[..., ::2], v_cache[..., ::2]
     q, lens = torch.randn(len(LENS), 2 * group, dim, generator=gen), torch.tensor(LENS)
@@ -108,8 +112,9 @@ def test_tiny_batches(batch):
     q = torch.randn(batch, 4, 64, generator=gen)
     got = fused(q, k_cache, v_cache, tables, lens, 0.125)
     assert got.shape == (batch, 4, 64)
-    torch.testing.assert_close(got, ref.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        got, ref.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_each_row_is_independent_of_the_rest_of_the_batch_and_of_threads():
@@ -123,7 +128,9 @@ def test_each_row_is_independent_of_the_rest_of_the_batch_and_of_threads():
         torch.set_num_threads(2)
         batched = fused(q, k_cache, v_cache, tables, lens, 0.125)
         torch.set_num_threads(1)
-        alone = [fused(q[i:i + 1], k_cache, v_cache, tables[i:i + 1], lens[i:i + 1], 0.125) for i in range(len(LENS))]
+        alone = [
+            fused(q[i : i + 1], k_cache, v_cache, tables[i : i + 1], lens[i : i + 1], 0.125) for i in range(len(LENS))
+        ]
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(batched, torch.cat(alone))
@@ -162,8 +169,9 @@ def test_prefill_chunk_on_cached_context_matches_sdpa(context_len, length, windo
     q, total = torch.randn(length, 4, 64, generator=gen), context_len + length
     got = fused_chunk_attention(q, k_cache, v_cache, tables[0], context_len, 0.125, window)
     k_seq, v_seq = ref.gather_seq(k_cache, tables[0], total), ref.gather_seq(v_cache, tables[0], total)
-    torch.testing.assert_close(got, ref.prefill_attention(q, k_seq, v_seq, context_len, 0.125, window),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        got, ref.prefill_attention(q, k_seq, v_seq, context_len, 0.125, window), atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])

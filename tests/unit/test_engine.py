@@ -40,7 +40,7 @@ def run_all(eng, prompts, sampling=GREEDY):
 
 
 def tokens(outs):
-    return [sum((o.new_token_ids for o in seq), []) for seq in outs]
+    return [[t for o in seq for t in o.new_token_ids] for seq in outs]
 
 
 def random_prompts(n, lo, hi, seed=0):
@@ -118,7 +118,7 @@ def test_without_detokenize_the_tokens_and_stops_are_the_same_but_no_text(lm):
     assert tokens(ids_only) == tokens(with_text)
     assert [seq[-1].finish_reason for seq in ids_only] == [seq[-1].finish_reason for seq in with_text]
     assert ids_only[0][-1].finish_reason == "stop" and all(o.text == "" for seq in ids_only for o in seq)
-    with pytest.raises(ValueError, match="sampling.stop"):
+    with pytest.raises(ValueError, match=r"sampling\.stop"):
         engine(lm, detokenize=False).add_request("s", prompts[0], SamplingParams(stop=["ab"]))
 
 

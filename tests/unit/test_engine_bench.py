@@ -11,8 +11,9 @@ from ferry.bench.workload import WorkloadConfig, make_workload, poisson_arrivals
 from ferry.model.make_model import make_model
 
 pytestmark = pytest.mark.unit
-SMALL_PROMPTS = WorkloadConfig(num_requests=6, vocab_size=512, output_lens=(2, 6), prompt_len_median=24,
-                               max_prompt_len=64)
+SMALL_PROMPTS = WorkloadConfig(
+    num_requests=6, vocab_size=512, output_lens=(2, 6), prompt_len_median=24, max_prompt_len=64
+)
 
 
 def test_workload_is_seeded_and_follows_benchmarks_md():
@@ -45,18 +46,35 @@ def test_small_offline_bench_writes_report_and_plots(tmp_path):
     threads = torch.get_num_threads()
     model = make_model(tmp_path / "tiny", "llama", "tiny")
     systems = ("dynamic", "static", "static_padded")
-    cfg = OfflineConfig(model=model, out_dir=tmp_path / "out", systems=systems,
-                        workload=SMALL_PROMPTS,
-                        max_num_seqs=2, num_kv_blocks=256, rate_fractions=(1.0,), online_requests=4,
-                        kv_budget_tokens=160, kv_budget_max_num_seqs=8, threads=1, show_progress=False)
+    cfg = OfflineConfig(
+        model=model,
+        out_dir=tmp_path / "out",
+        systems=systems,
+        workload=SMALL_PROMPTS,
+        max_num_seqs=2,
+        num_kv_blocks=256,
+        rate_fractions=(1.0,),
+        online_requests=4,
+        kv_budget_tokens=160,
+        kv_budget_max_num_seqs=8,
+        threads=1,
+        show_progress=False,
+    )
     try:
         report = run_offline(cfg)
     finally:
         torch.set_num_threads(threads)
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert saved["ratios"].keys() == report["ratios"].keys() >= {
-        "dynamic_vs_static_output_tokens_per_s", "dynamic_vs_static_padded_output_tokens_per_s",
-        "moderate_rate_p99_e2e_reduction_vs_static", "moderate_rate_p99_e2e_reduction_vs_static_padded"}
+    assert (
+        saved["ratios"].keys()
+        == report["ratios"].keys()
+        >= {
+            "dynamic_vs_static_output_tokens_per_s",
+            "dynamic_vs_static_padded_output_tokens_per_s",
+            "moderate_rate_p99_e2e_reduction_vs_static",
+            "moderate_rate_p99_e2e_reduction_vs_static_padded",
+        }
+    )
     for system in systems:
         summary = saved["offline"][system]
         assert summary["num_requests"] == 6 and summary["e2e_ms"]["count"] == 6
@@ -69,10 +87,18 @@ def test_small_offline_bench_writes_report_and_plots(tmp_path):
 def test_online_rates_are_fractions_of_the_classic_static_capacity(tmp_path):
     threads = torch.get_num_threads()
     model = make_model(tmp_path / "tiny", "llama", "tiny")
-    cfg = OfflineConfig(model=model, out_dir=tmp_path / "out", systems=("dynamic", "static", "static_padded"),
-                        workload=WorkloadConfig(num_requests=4, vocab_size=512, output_lens=(2, 6)),
-                        max_num_seqs=2, num_kv_blocks=256, rate_fractions=(0.5,), online_requests=4,
-                        threads=1, show_progress=False)
+    cfg = OfflineConfig(
+        model=model,
+        out_dir=tmp_path / "out",
+        systems=("dynamic", "static", "static_padded"),
+        workload=WorkloadConfig(num_requests=4, vocab_size=512, output_lens=(2, 6)),
+        max_num_seqs=2,
+        num_kv_blocks=256,
+        rate_fractions=(0.5,),
+        online_requests=4,
+        threads=1,
+        show_progress=False,
+    )
     try:
         report = run_offline(cfg)
     finally:
@@ -82,16 +108,26 @@ def test_online_rates_are_fractions_of_the_classic_static_capacity(tmp_path):
     assert row["offered_rps"] == pytest.approx(0.5 * report["offline"]["static_padded"]["requests_per_s"])
     assert row["load_vs_own_capacity"]["static_padded"] == pytest.approx(0.5)
     assert row["p99_e2e_reduction_vs_static_padded"] == pytest.approx(
-        1 - row["dynamic"]["e2e_ms"]["p99"] / row["static_padded"]["e2e_ms"]["p99"])
+        1 - row["dynamic"]["e2e_ms"]["p99"] / row["static_padded"]["e2e_ms"]["p99"]
+    )
 
 
 def test_equal_kv_memory_table_is_its_own_labelled_section(tmp_path):
     threads = torch.get_num_threads()
     model = make_model(tmp_path / "tiny", "llama", "tiny")
-    cfg = OfflineConfig(model=model, out_dir=tmp_path / "out", systems=("dynamic", "static", "transformers"),
-                        workload=SMALL_PROMPTS,
-                        max_num_seqs=2, num_kv_blocks=256, rate_fractions=(), kv_budget_tokens=160,
-                        kv_budget_max_num_seqs=8, threads=1, show_progress=False)
+    cfg = OfflineConfig(
+        model=model,
+        out_dir=tmp_path / "out",
+        systems=("dynamic", "static", "transformers"),
+        workload=SMALL_PROMPTS,
+        max_num_seqs=2,
+        num_kv_blocks=256,
+        rate_fractions=(),
+        kv_budget_tokens=160,
+        kv_budget_max_num_seqs=8,
+        threads=1,
+        show_progress=False,
+    )
     try:
         report = run_offline(cfg)
     finally:

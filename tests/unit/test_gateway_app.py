@@ -78,8 +78,11 @@ def test_models_lists_the_served_model_named_after_its_folder(client):
         ("/v1/chat/completions", chat(messages=[{"role": "robot", "content": "hi"}]), "messages[0].role"),
         ("/v1/chat/completions", chat(stop=["ok", ""]), "stop"),
         ("/v1/chat/completions", chat(stop_token_ids=["eos"]), "stop_token_ids[0]"),
-        ("/v1/chat/completions", chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
-         "messages[0].content"),
+        (
+            "/v1/chat/completions",
+            chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+            "messages[0].content",
+        ),
         ("/v1/chat/completions", chat(top_logprobs=25, logprobs=True), "top_logprobs"),
         ("/v1/chat/completions", chat(top_logprobs=2), "top_logprobs"),
         ("/v1/chat/completions", chat(stream="yes please"), "stream"),
@@ -115,18 +118,28 @@ def test_an_unknown_model_is_a_404(client):
 
 def test_a_prompt_longer_than_the_context_is_rejected(client):
     long_prompt = "hello world " * CONTEXT
-    assert_error(client.post("/v1/completions", json=completion(prompt=long_prompt)), 400, "prompt",
-                 "context_length_exceeded")
+    assert_error(
+        client.post("/v1/completions", json=completion(prompt=long_prompt)), 400, "prompt", "context_length_exceeded"
+    )
     messages = [{"role": "user", "content": long_prompt}]
-    assert_error(client.post("/v1/chat/completions", json=chat(messages=messages)), 400, "messages",
-                 "context_length_exceeded")
+    assert_error(
+        client.post("/v1/chat/completions", json=chat(messages=messages)), 400, "messages", "context_length_exceeded"
+    )
 
 
 def test_max_tokens_beyond_the_context_names_the_field(client):
-    assert_error(client.post("/v1/completions", json=completion(max_tokens=CONTEXT)), 400, "max_tokens",
-                 "context_length_exceeded")
-    assert_error(client.post("/v1/chat/completions", json=chat(max_completion_tokens=CONTEXT)), 400,
-                 "max_completion_tokens", "context_length_exceeded")
+    assert_error(
+        client.post("/v1/completions", json=completion(max_tokens=CONTEXT)),
+        400,
+        "max_tokens",
+        "context_length_exceeded",
+    )
+    assert_error(
+        client.post("/v1/chat/completions", json=chat(max_completion_tokens=CONTEXT)),
+        400,
+        "max_completion_tokens",
+        "context_length_exceeded",
+    )
 
 
 def test_a_valid_request_without_a_bus_is_a_503(client):

@@ -33,19 +33,36 @@ def completion(tok, **fields):
 
 
 def test_chat_prompt_is_the_rendered_template_with_one_bos(tok):
-    request = chat(tok, messages=[{"role": "system", "content": "be brief"},
-                                  {"role": "user", "content": [{"type": "text", "text": "hel"},
-                                                               {"type": "text", "text": "lo"}]}])
-    rendered = tok.apply_chat_template([{"role": "system", "content": "be brief"},
-                                        {"role": "user", "content": "hello"}])
+    request = chat(
+        tok,
+        messages=[
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]},
+        ],
+    )
+    rendered = tok.apply_chat_template(
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    )
     assert request.prompt_token_ids == tok.encode(rendered, add_special_tokens=False)
     assert request.prompt_token_ids.count(tok.token_id("bos_token")) == 1
     assert (request.request_id, request.gateway_id, request.model) == ("chatcmpl-1", "gw-1", "tiny")
 
 
 def test_sampling_fields_map_onto_sampling_params(tok):
-    s = chat(tok, temperature=0.2, top_p=0.5, seed=3, stop="END", max_tokens=4, presence_penalty=0.5,
-             logprobs=True, top_logprobs=3, top_k=5, stop_token_ids=[9], ignore_eos=True).sampling
+    s = chat(
+        tok,
+        temperature=0.2,
+        top_p=0.5,
+        seed=3,
+        stop="END",
+        max_tokens=4,
+        presence_penalty=0.5,
+        logprobs=True,
+        top_logprobs=3,
+        top_k=5,
+        stop_token_ids=[9],
+        ignore_eos=True,
+    ).sampling
     assert (s.temperature, s.top_p, s.seed, s.stop, s.max_tokens) == (0.2, 0.5, 3, ["END"], 4)
     assert (s.presence_penalty, s.logprobs, s.top_k, s.stop_token_ids, s.ignore_eos) == (0.5, 3, 5, [9], True)
     defaults = chat(tok).sampling
@@ -80,8 +97,15 @@ def logprob(token_id: int) -> TokenLogprob:
 
 
 def event(ids: list[int], text: str, finish: str | None = None, lp: bool = False) -> TokenEvent:
-    return TokenEvent("r", 0, ids, text=text, finish_reason=finish, num_prompt_tokens=11,
-                      logprobs=[logprob(i) for i in ids] if lp else None)
+    return TokenEvent(
+        "r",
+        0,
+        ids,
+        text=text,
+        finish_reason=finish,
+        num_prompt_tokens=11,
+        logprobs=[logprob(i) for i in ids] if lp else None,
+    )
 
 
 def test_completion_body_with_logprobs_and_usage(tok):

@@ -14,8 +14,7 @@ pytestmark = pytest.mark.unit
 
 
 def tokens(request_id: str, index: int, ids: list[int], finish: str | None = None) -> TokenEvent:
-    return TokenEvent(request_id, index=index, token_ids=ids, text="".join(f"<{i}>" for i in ids),
-                      finish_reason=finish)
+    return TokenEvent(request_id, index=index, token_ids=ids, text="".join(f"<{i}>" for i in ids), finish_reason=finish)
 
 
 def drain(queue: asyncio.Queue) -> list:
@@ -62,9 +61,21 @@ async def test_errors_and_events_of_closed_requests():
 
 
 def report(worker_id: str, role: str, draining: bool = False) -> LoadReport:
-    return LoadReport(worker_id=worker_id, role=role, model="m", kv_namespace="ns", timestamp=0.0, interval_s=1.0,
-                      num_running=0, num_waiting=0, num_queued_prefill_tokens=0, kv_blocks_used=0,
-                      kv_blocks_total=8, max_running=4, draining=draining)
+    return LoadReport(
+        worker_id=worker_id,
+        role=role,
+        model="m",
+        kv_namespace="ns",
+        timestamp=0.0,
+        interval_s=1.0,
+        num_running=0,
+        num_waiting=0,
+        num_queued_prefill_tokens=0,
+        kv_blocks_used=0,
+        kv_blocks_total=8,
+        max_running=4,
+        draining=draining,
+    )
 
 
 def test_a_worker_is_alive_until_it_misses_its_reports():

@@ -28,8 +28,7 @@ def tiny_model(tmp_path_factory):
 def prompts_file(tmp_path_factory):
     rng = random.Random(0)
     path = tmp_path_factory.mktemp("prompts") / "p.jsonl"
-    lines = [{"prompt_token_ids": [rng.randrange(5, 500) for _ in range(rng.randint(2, 150))]}
-             for _ in range(64)]
+    lines = [{"prompt_token_ids": [rng.randrange(5, 500) for _ in range(rng.randint(2, 150))]} for _ in range(64)]
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     return path, [line["prompt_token_ids"] for line in lines]
 
@@ -52,29 +51,63 @@ def alone(model, prompt, sampling):
     return tokens
 
 
-@pytest.mark.parametrize("sampling_args", [
-    ["--temperature", "0"],
-    ["--temperature", "0.9", "--top-p", "0.9", "--top-k", "50", "--seed", "42"],
-], ids=["greedy", "seeded"])
+@pytest.mark.parametrize(
+    "sampling_args",
+    [
+        ["--temperature", "0"],
+        ["--temperature", "0.9", "--top-p", "0.9", "--top-k", "50", "--seed", "42"],
+    ],
+    ids=["greedy", "seeded"],
+)
 def test_one_run_equals_each_prompt_alone(capsys, tiny_model, prompts_file, sampling_args):
     path, prompts = prompts_file
-    status, out, _ = cli(capsys, "--model", str(tiny_model), "--prompts-file", str(path), "--max-tokens", "12",
-                         "--ignore-eos", "--json", "--num-kv-blocks", "1024", *sampling_args)
+    status, out, _ = cli(
+        capsys,
+        "--model",
+        str(tiny_model),
+        "--prompts-file",
+        str(path),
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+        "--json",
+        "--num-kv-blocks",
+        "1024",
+        *sampling_args,
+    )
     assert status == 0
     rows = [json.loads(line) for line in out.splitlines()]
     assert [r["index"] for r in rows] == list(range(64))
     params = dict(zip(sampling_args[::2], sampling_args[1::2]))
-    sampling = SamplingParams(max_tokens=12, ignore_eos=True, temperature=float(params["--temperature"]),
-                              top_p=float(params.get("--top-p", 1.0)), top_k=int(params.get("--top-k", 0)),
-                              seed=int(params["--seed"]) if "--seed" in params else None)
+    sampling = SamplingParams(
+        max_tokens=12,
+        ignore_eos=True,
+        temperature=float(params["--temperature"]),
+        top_p=float(params.get("--top-p", 1.0)),
+        top_k=int(params.get("--top-k", 0)),
+        seed=int(params["--seed"]) if "--seed" in params else None,
+    )
     for row, prompt in zip(rows, prompts):
         assert row["finish_reason"] == "length" and len(row["token_ids"]) == 12
         assert row["token_ids"] == alone(tiny_model, prompt, sampling), f"prompt {row['index']} differs"
 
 
 def test_text_prompt_prints_decoded_text(capsys, tiny_model):
-    status, out, _ = cli(capsys, "--model", str(tiny_model), "--prompt", "hello world", "--max-tokens", "5",
-                         "--temperature", "0", "--ignore-eos", "--json", "--num-kv-blocks", "64")
+    status, out, _ = cli(
+        capsys,
+        "--model",
+        str(tiny_model),
+        "--prompt",
+        "hello world",
+        "--max-tokens",
+        "5",
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "--json",
+        "--num-kv-blocks",
+        "64",
+    )
     row = json.loads(out)
     assert status == 0 and len(row["token_ids"]) == 5 and row["finish_reason"] == "length"
     assert row["num_prompt_tokens"] >= 2

@@ -48,8 +48,11 @@ SECRET_VARS = {k for d in DOCS if d["kind"] == "Secret" for k in d["stringData"]
 def _settings_env_names(service_name: str) -> set[str]:
     """FERRY_* variables the service's settings class reads (`ferry serve <service_name>`)."""
     module = importlib.import_module(SERVICE_MODULES[service_name] + ".settings")
-    classes = [c for c in vars(module).values()
-               if isinstance(c, type) and issubclass(c, ServiceSettings) and c is not ServiceSettings]
+    classes = [
+        c
+        for c in vars(module).values()
+        if isinstance(c, type) and issubclass(c, ServiceSettings) and c is not ServiceSettings
+    ]
     return {"FERRY_" + field.upper() for c in classes for field in c.model_fields}
 
 
@@ -76,13 +79,23 @@ def test_schema_check_catches_a_typo():
 
 def test_one_workload_per_role_and_everything_in_one_namespace():
     names = {d["metadata"]["name"] for d in DOCS if d["kind"] in WORKLOADS}
-    assert {"gateway", "prefill-balancer", "decode-balancer", "prefill-worker", "decode-worker",
-            "kvcache", "nats", "redis", "model-init"} <= names
+    assert {
+        "gateway",
+        "prefill-balancer",
+        "decode-balancer",
+        "prefill-worker",
+        "decode-worker",
+        "kvcache",
+        "nats",
+        "redis",
+        "model-init",
+    } <= names
     assert {d["metadata"].get("namespace") for d in DOCS if d["kind"] != "Namespace"} == {"ferry"}
 
 
-@pytest.mark.parametrize("workload", [d for d in DOCS if d["kind"] in ("Deployment", "StatefulSet")],
-                         ids=lambda d: d["metadata"]["name"])
+@pytest.mark.parametrize(
+    "workload", [d for d in DOCS if d["kind"] in ("Deployment", "StatefulSet")], ids=lambda d: d["metadata"]["name"]
+)
 def test_selectors_match_their_pod_templates(workload):
     selector = workload["spec"]["selector"]["matchLabels"]
     labels = workload["spec"]["template"]["metadata"]["labels"]
@@ -92,8 +105,11 @@ def test_selectors_match_their_pod_templates(workload):
 def test_services_select_pods_and_target_their_ports():
     templates = [d for d in DOCS if d["kind"] in ("Deployment", "StatefulSet")]
     for name, service in _by_kind("Service").items():
-        matches = [w for w in templates
-                   if service["spec"]["selector"].items() <= w["spec"]["template"]["metadata"]["labels"].items()]
+        matches = [
+            w
+            for w in templates
+            if service["spec"]["selector"].items() <= w["spec"]["template"]["metadata"]["labels"].items()
+        ]
         assert matches, f"Service {name} selects no pods"
         port_names = {p["name"] for w in matches for c in _containers(w) for p in c.get("ports", [])}
         for port in service["spec"]["ports"]:
@@ -157,11 +173,17 @@ def test_nats_cluster_config_is_accepted_by_nats_server(tmp_path):
     for i in range(3):  # a route per replica, through the headless Service
         assert f"nats://nats-{i}.nats-headless.ferry.svc.cluster.local:6222" in nats_cm["nats.conf"]
     env = dict(os.environ, POD_NAME="nats-0")
-    env.update({e["name"]: "pw" for e in _pod_spec(sts)["containers"][0]["env"] if "valueFrom" in e
-                and "secretKeyRef" in e["valueFrom"]})
+    env.update(
+        {
+            e["name"]: "pw"
+            for e in _pod_spec(sts)["containers"][0]["env"]
+            if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]
+        }
+    )
     binary = Path(sys.executable).parent / "nats-server"
-    result = subprocess.run([str(binary), "-c", str(tmp_path / "nats.conf"), "-t"],
-                            env=env, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [str(binary), "-c", str(tmp_path / "nats.conf"), "-t"], env=env, capture_output=True, text=True, timeout=30
+    )
     assert result.returncode == 0, result.stderr + result.stdout
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:  # must be set before the kernels are defined: they then run on CPU tensors
@@ -20,8 +20,10 @@ from ferry.model import AttentionMetadata  # noqa: E402
 pytestmark = pytest.mark.unit
 BLOCK = 16
 # One process either interprets the kernels (CPU tensors) or compiles them for the GPU, not both.
-DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(HAS_CUDA, reason="compiled for CUDA here; cuda runs")),
-           pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")])]
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(HAS_CUDA, reason="compiled for CUDA here; cuda runs")),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")]),
+]
 
 
 def _paged(seq_lens: list[int], heads: int, dim: int, gen: torch.Generator, device: str):
@@ -43,9 +45,8 @@ def test_gqa_decode_matches_reference(device, heads, kv_heads, dim, window):
     v_cache = torch.randn(k_cache.shape, generator=gen).to(device)
     meta = AttentionMetadata.build([1] * 4, [n - 1 for n in seq_lens], tables, BLOCK, device)
     q = torch.randn(4, heads, dim, generator=gen).to(device)
-    args = (q, k_cache, v_cache, meta.block_tables, meta.seq_lens, dim ** -0.5, window)
-    torch.testing.assert_close(gqa_decode_attention(*args), ref.paged_decode_attention(*args),
-                               atol=1e-5, rtol=1e-5)
+    args = (q, k_cache, v_cache, meta.block_tables, meta.seq_lens, dim**-0.5, window)
+    torch.testing.assert_close(gqa_decode_attention(*args), ref.paged_decode_attention(*args), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -72,12 +73,13 @@ def test_varlen_prefill_matches_reference(device, window):
     v_cache = torch.randn(k_cache.shape, generator=gen).to(device)
     meta = AttentionMetadata.build(query_lens, context_lens, tables, BLOCK, device)
     q = torch.randn(sum(query_lens), heads, dim, generator=gen).to(device)
-    got = varlen_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
-                                   meta.seq_lens, max(query_lens), dim ** -0.5, window)
+    got = varlen_prefill_attention(
+        q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(query_lens), dim**-0.5, window
+    )
     for i, (start, end) in enumerate(zip(meta.query_starts, meta.query_starts[1:])):
         k = ref.gather_seq(k_cache, meta.block_tables[i], seq_lens[i])
         v = ref.gather_seq(v_cache, meta.block_tables[i], seq_lens[i])
-        expected = ref.prefill_attention(q[start:end], k, v, context_lens[i], dim ** -0.5, window)
+        expected = ref.prefill_attention(q[start:end], k, v, context_lens[i], dim**-0.5, window)
         torch.testing.assert_close(got[start:end], expected, atol=1e-5, rtol=1e-5)
 
 

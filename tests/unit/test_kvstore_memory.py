@@ -106,4 +106,3 @@ async def test_memory_transport_evicts_least_recently_used_past_max_bytes():
     await store.put_blocks(hashes[3:], blocks(1))
     assert transport.num_evictions == 1
     assert [await store.lookup([h]) for h in hashes] == [1, 0, 1, 1]
-

@@ -135,13 +135,18 @@ def test_chat_template_renders_like_transformers(tiny, tmp_path):
         "  <{{ m['role'] }}> {{ m['content'] | trim }}{{ eos_token if m['role'] == 'assistant' }}\n"
         "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
     )
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tiny / "tokenizer.json"),
-                                                bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>")
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tiny / "tokenizer.json"), bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>"
+    )
     fast.chat_template = template
     fast.save_pretrained(tmp_path)
     ours = Tokenizer.from_dir(tmp_path)
-    messages = [{"role": "system", "content": "be \"brief\" ü"}, {"role": "user", "content": " hi "},
-                {"role": "assistant", "content": "yo"}, {"role": "user", "content": "again"}]
+    messages = [
+        {"role": "system", "content": 'be "brief" ü'},
+        {"role": "user", "content": " hi "},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": "again"},
+    ]
     for gen in (True, False):
         expected = fast.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
         assert ours.apply_chat_template(messages, add_generation_prompt=gen) == expected

@@ -22,8 +22,13 @@ def test_cli_writes_loadable_random_checkpoint(arch, tmp_path):
     out = tmp_path / arch
     assert main(["make-model", "--arch", arch, "--size", "tiny", str(out)]) == 0
     names = {p.name for p in out.iterdir()}
-    assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-            "model.safetensors"} <= names
+    assert {
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "model.safetensors",
+    } <= names
     assert json.loads((out / "config.json").read_text())["ferry_random_weights"] is True
     lm = load_model(out)
     assert lm.is_random and lm.config.arch == arch.replace("-", "_")
@@ -40,8 +45,15 @@ def test_seed_changes_weights(tmp_path):
 
 def test_bench_size_is_the_benchmark_llama():
     cfg = config_from_hf(hf_config("llama", "bench", IDS))
-    assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size,
-            cfg.vocab_size, cfg.dtype) == (512, 8, 8, 4, 1408, 2048, "float32")
+    assert (
+        cfg.hidden_size,
+        cfg.num_layers,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.intermediate_size,
+        cfg.vocab_size,
+        cfg.dtype,
+    ) == (512, 8, 8, 4, 1408, 2048, "float32")
     with torch.device("meta"):
         params = sum(p.numel() for p in CausalLM(cfg).parameters())
     assert 20e6 < params < 30e6

@@ -35,8 +35,7 @@ def served():
 
 
 def test_every_documented_name_is_defined():
-    documented = {line.split("|")[1].strip() for line in metrics.__doc__.splitlines()
-                  if line.startswith("| ferry_")}
+    documented = {line.split("|")[1].strip() for line in metrics.__doc__.splitlines() if line.startswith("| ferry_")}
     exposed = set()
     for m in metrics.ALL_METRICS:
         name = m.describe()[0].name
@@ -53,8 +52,7 @@ def test_served_values_follow_updates(served):
     families = _scrape(served)
     running = [s for s in families["ferry_requests_running"].samples if s.labels == {"role": "decode"}]
     assert running[0].value == 7
-    ttft_count = [s for s in families["ferry_time_to_first_token_seconds"].samples
-                  if s.name.endswith("_count")]
+    ttft_count = [s for s in families["ferry_time_to_first_token_seconds"].samples if s.name.endswith("_count")]
     assert ttft_count[0].value >= 1
     gen = [s for s in families["ferry_generation_tokens"].samples if s.name == "ferry_generation_tokens_total"]
     assert gen[0].value >= 5

@@ -26,8 +26,11 @@ NUM_STEPS = 24
 def _hf_written_checkpoint(arch: str, out_dir) -> None:
     """A checkpoint written by transformers itself: its own random init and save_pretrained."""
     tok = train_tokenizer(512)
-    ids = {"bos": tok.token_to_id("<|begin_of_text|>"), "eos": tok.token_to_id("<|end_of_text|>"),
-           "pad": tok.token_to_id("<|pad|>")}
+    ids = {
+        "bos": tok.token_to_id("<|begin_of_text|>"),
+        "eos": tok.token_to_id("<|end_of_text|>"),
+        "pad": tok.token_to_id("<|pad|>"),
+    }
     cfg = hf_config(arch, "tiny", ids)
     cfg.pop("ferry_random_weights")
     cfg["max_position_embeddings"] = 512  # a different size than make-model's, to vary the rope tables
@@ -46,13 +49,17 @@ def _hf_written_checkpoint(arch: str, out_dir) -> None:
             if "e_score_correction" in name:
                 buf.normal_(0, 0.05)
     model.save_pretrained(out_dir)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>",
-                                                eos_token="<|end_of_text|>", pad_token="<|pad|>")
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>", pad_token="<|pad|>"
+    )
     fast.save_pretrained(out_dir)
 
 
-@pytest.fixture(scope="module", params=[(a, s) for a in ARCHS for s in ("transformers", "make-model")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(
+    scope="module",
+    params=[(a, s) for a in ARCHS for s in ("transformers", "make-model")],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
 def checkpoint(request, tmp_path_factory):
     arch, source = request.param
     out = tmp_path_factory.mktemp(f"{arch}-{source}")
@@ -82,9 +89,8 @@ def _run_ferry(lm, prompts):
         for i, q in zip(active, qlens):
             while len(tables[i]) * BLOCK_SIZE < cached[i] + q:
                 tables[i].append(free.pop())
-        meta = AttentionMetadata.build(qlens, [cached[i] for i in active], [tables[i] for i in active],
-                                       BLOCK_SIZE)
-        ids = torch.tensor([t for i, q in zip(active, qlens) for t in tokens[i][cached[i]:cached[i] + q]])
+        meta = AttentionMetadata.build(qlens, [cached[i] for i in active], [tables[i] for i in active], BLOCK_SIZE)
+        ids = torch.tensor([t for i, q in zip(active, qlens) for t in tokens[i][cached[i] : cached[i] + q]])
         pos = torch.tensor([p for i, q in zip(active, qlens) for p in range(cached[i], cached[i] + q)])
         logits = lm.model(ids, pos, meta, kv)
         assert logits.shape == (len(active), lm.config.vocab_size) and logits.dtype == torch.float32
@@ -116,7 +122,7 @@ def test_logits_and_greedy_tokens_match_transformers(checkpoint):
     assert min(len(o) for o in outputs) >= 16
     model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     for prompt, seq_tokens, seq_logits in zip(prompts, tokens, outputs):
-        generated = seq_tokens[len(prompt):]
+        generated = seq_tokens[len(prompt) :]
         reference = _run_transformers(model, prompt, generated)
         for step, (ours, theirs) in enumerate(zip(seq_logits, reference)):
             torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-4, msg=f"step {step}")

@@ -81,8 +81,11 @@ def wheel(context_files, tmp_path_factory) -> zipfile.ZipFile:
         (context / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, context / rel)
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(out), str(context)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(context)],
+        check=True,
+        capture_output=True,
+    )
     return zipfile.ZipFile(next(out.glob("ferry-*.whl")))
 
 
@@ -133,6 +136,6 @@ def test_dockerfile_passes_hadolint():
 
 
 def test_hadolint_catches_a_root_image(tmp_path):
-    (tmp_path / "Dockerfile").write_text("FROM python:3.11-slim\nUSER root\nCMD [\"python\"]\n")
+    (tmp_path / "Dockerfile").write_text('FROM python:3.11-slim\nUSER root\nCMD ["python"]\n')
     result = _hadolint(tmp_path / "Dockerfile")
     assert result.returncode != 0 and "DL3002" in result.stdout  # last USER should not be root

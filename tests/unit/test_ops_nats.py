@@ -58,8 +58,19 @@ def server_port(tmp_path_factory):
         env[f"FERRY_NATS_{user.upper()}_PASSWORD"] = _password(user)
     port, monitor_port = _free_port(), _free_port()
     store = tmp_path_factory.mktemp("jetstream")
-    cmd = [_nats_server_binary(), "-c", str(ROOT / "ops/nats/nats.conf"),
-           "-p", str(port), "-m", str(monitor_port), "-sd", str(store), "-a", "127.0.0.1"]
+    cmd = [
+        _nats_server_binary(),
+        "-c",
+        str(ROOT / "ops/nats/nats.conf"),
+        "-p",
+        str(port),
+        "-m",
+        str(monitor_port),
+        "-sd",
+        str(store),
+        "-a",
+        "127.0.0.1",
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _wait_for_port(port, proc)
@@ -86,13 +97,17 @@ class _Client:
         self.errors: list[str] = []
         self.nc = None
 
-    async def connect(self, port: int, user: str, password: str | None = None) -> "_Client":
+    async def connect(self, port: int, user: str, password: str | None = None) -> _Client:
         async def on_error(exc: Exception) -> None:
             self.errors.append(str(exc))
 
         self.nc = await nats.connect(
-            f"nats://127.0.0.1:{port}", user=user, password=password or _password(user),
-            error_cb=on_error, allow_reconnect=False, connect_timeout=2,
+            f"nats://127.0.0.1:{port}",
+            user=user,
+            password=password or _password(user),
+            error_cb=on_error,
+            allow_reconnect=False,
+            connect_timeout=2,
         )
         return self
 
@@ -109,10 +124,12 @@ async def _as(port: int, user: str) -> _Client:
 
 async def _setup_work_stream(admin) -> None:
     js = admin.nc.jetstream()
-    await js.add_stream(StreamConfig(name="FERRY_WORK", subjects=["ferry.work.>"],
-                                     retention=RetentionPolicy.WORK_QUEUE))
-    await js.add_consumer("FERRY_WORK", ConsumerConfig(durable_name="prefill-w1",
-                                                       filter_subject="ferry.work.prefill.w1"))
+    await js.add_stream(
+        StreamConfig(name="FERRY_WORK", subjects=["ferry.work.>"], retention=RetentionPolicy.WORK_QUEUE)
+    )
+    await js.add_consumer(
+        "FERRY_WORK", ConsumerConfig(durable_name="prefill-w1", filter_subject="ferry.work.prefill.w1")
+    )
 
 
 async def test_wrong_password_is_refused(server_port):
@@ -194,8 +211,9 @@ async def test_the_bus_work_queue_path_runs_under_the_service_users(server_port)
     from ferry.protocol import Cancel
 
     # credentials inside FERRY_NATS_URL, as compose and Kubernetes pass them
-    url_worker = await connect(f"nats://worker:{_password('worker')}@127.0.0.1:{server_port}", "t-worker",
-                               connect_timeout_s=5)
+    url_worker = await connect(
+        f"nats://worker:{_password('worker')}@127.0.0.1:{server_port}", "t-worker", connect_timeout_s=5
+    )
     await url_worker.close()
     worker, balancer = await _as(server_port, "worker"), await _as(server_port, "decode_balancer")
     await ensure_work_stream(worker.nc.jetstream())

@@ -32,8 +32,20 @@ def redis_port(tmp_path_factory):
     port = _free_port()
     workdir = tmp_path_factory.mktemp("redis")
     # The same overrides compose.yaml passes, plus a local port/bind/dir for the test.
-    cmd = [binary, str(ROOT / "ops/redis/redis.conf"), "--requirepass", PASSWORD,
-           "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir), "--maxmemory", "64mb"]
+    cmd = [
+        binary,
+        str(ROOT / "ops/redis/redis.conf"),
+        "--requirepass",
+        PASSWORD,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(workdir),
+        "--maxmemory",
+        "64mb",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 10
     while True:

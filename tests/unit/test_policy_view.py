@@ -9,8 +9,17 @@ pytestmark = pytest.mark.unit
 
 
 def report(worker_id="w1", role="prefill", interval_s=1.0, **kw) -> LoadReport:
-    fields = dict(model="m", kv_namespace="ns", timestamp=0.0, num_running=0, num_waiting=0,
-                  num_queued_prefill_tokens=0, kv_blocks_used=0, kv_blocks_total=100, max_running=8)
+    fields = dict(
+        model="m",
+        kv_namespace="ns",
+        timestamp=0.0,
+        num_running=0,
+        num_waiting=0,
+        num_queued_prefill_tokens=0,
+        kv_blocks_used=0,
+        kv_blocks_total=100,
+        max_running=8,
+    )
     fields.update(kw)
     return LoadReport(worker_id=worker_id, role=role, interval_s=interval_s, **fields)
 
@@ -27,8 +36,8 @@ def test_worker_silent_past_its_intervals_leaves_routing_once_and_comes_back():
     view.update(report("a", interval_s=1.0), now=0.0)
     view.update(report("b", interval_s=10.0), now=0.0)
     assert view.expire(now=2.9) == []
-    assert view.expire(now=3.5) == ["a"]      # a's 3 s are up, b's 30 s are not
-    assert view.expire(now=4.0) == []         # named once
+    assert view.expire(now=3.5) == ["a"]  # a's 3 s are up, b's 30 s are not
+    assert view.expire(now=4.0) == []  # named once
     assert [s.worker_id for s in view.routable(now=4.0)] == ["b"]
     assert view.silent_ids == {"a"}
     view.update(report("a", interval_s=1.0), now=5.0)

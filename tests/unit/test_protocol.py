@@ -45,13 +45,30 @@ pytestmark = pytest.mark.unit
 GOLDEN = Path(__file__).parent / "golden" / "protocol.json"
 
 _SAMPLING = SamplingParams(
-    max_tokens=32, min_tokens=2, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, seed=7,
-    presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=1.1, stop=["\n\n"],
-    stop_token_ids=[2], ignore_eos=False, logprobs=3,
+    max_tokens=32,
+    min_tokens=2,
+    temperature=0.7,
+    top_p=0.9,
+    top_k=40,
+    min_p=0.05,
+    seed=7,
+    presence_penalty=0.5,
+    frequency_penalty=0.25,
+    repetition_penalty=1.1,
+    stop=["\n\n"],
+    stop_token_ids=[2],
+    ignore_eos=False,
+    logprobs=3,
 )
 _REQUEST = GenerateRequest(
-    request_id="req-1", gateway_id="gw-a", model="demo", prompt_token_ids=[1, 5, 9],
-    sampling=_SAMPLING, output_token_ids=[11], arrival_time=1700000000.5, attempt=1,
+    request_id="req-1",
+    gateway_id="gw-a",
+    model="demo",
+    prompt_token_ids=[1, 5, 9],
+    sampling=_SAMPLING,
+    output_token_ids=[11],
+    arrival_time=1700000000.5,
+    attempt=1,
 )
 _HASHES = hash_full_blocks(list(range(48)), 16)
 
@@ -60,34 +77,63 @@ SAMPLES = {
     "submit_reply": SubmitReply(request_id="req-1", accepted=False, reason="overloaded", retry_after_s=1.5),
     "prefill_work": PrefillWork(request=_REQUEST, routed_at=1700000000.75, num_cached_blocks_hint=2),
     "handoff": Handoff(
-        request=_REQUEST, prefill_worker_id="p-1", kv_namespace="llama-fp32-v1-abc",
-        kv_blocks=[BlockRef(_HASHES[0], 16), BlockRef(_HASHES[1], 3)], num_kv_tokens=19,
+        request=_REQUEST,
+        prefill_worker_id="p-1",
+        kv_namespace="llama-fp32-v1-abc",
+        kv_blocks=[BlockRef(_HASHES[0], 16), BlockRef(_HASHES[1], 3)],
+        num_kv_tokens=19,
         decode_worker_id="d-2",
     ),
     "handoff_reply": HandoffReply(request_id="req-1", accepted=True, worker_id="d-2"),
     "output": OutputBatch(
         worker_id="d-2",
-        tokens=[TokenEvent(
-            request_id="req-1", index=1, token_ids=[42], text=" hi",
-            logprobs=[TokenLogprob(42, -0.25, [42, 7], [-0.25, -2.0])], finish_reason="length",
-            num_prompt_tokens=3,
-        )],
+        tokens=[
+            TokenEvent(
+                request_id="req-1",
+                index=1,
+                token_ids=[42],
+                text=" hi",
+                logprobs=[TokenLogprob(42, -0.25, [42, 7], [-0.25, -2.0])],
+                finish_reason="length",
+                num_prompt_tokens=3,
+            )
+        ],
         errors=[ErrorEvent(request_id="req-2", code="worker_lost", message="decode worker d-9 lost", retryable=True)],
     ),
     "cancel": Cancel(request_ids=["req-1", "req-3"]),
     "load": LoadReport(
-        worker_id="d-2", role="decode", model="demo", kv_namespace="llama-fp32-v1-abc",
-        timestamp=1700000001.0, interval_s=0.5, num_running=12, num_waiting=3,
-        num_queued_prefill_tokens=0, kv_blocks_used=100, kv_blocks_total=400, max_running=64, num_backlog=5,
+        worker_id="d-2",
+        role="decode",
+        model="demo",
+        kv_namespace="llama-fp32-v1-abc",
+        timestamp=1700000001.0,
+        interval_s=0.5,
+        num_running=12,
+        num_waiting=3,
+        num_queued_prefill_tokens=0,
+        kv_blocks_used=100,
+        kv_blocks_total=400,
+        max_running=64,
+        num_backlog=5,
     ),
-    "kv_event": KvEvent(kind="stored", kv_namespace="llama-fp32-v1-abc", where="store",
-                        block_hashes=_HASHES[:2], timestamp=1700000002.0),
+    "kv_event": KvEvent(
+        kind="stored", kv_namespace="llama-fp32-v1-abc", where="store", block_hashes=_HASHES[:2], timestamp=1700000002.0
+    ),
     "kv_lookup": KvLookup(kv_namespace="llama-fp32-v1-abc", block_hashes=_HASHES),
     "kv_lookup_reply": KvLookupReply(num_cached_blocks=2),
     "kv_stats_request": KvStatsRequest(kv_namespace="llama-fp32-v1-abc"),
-    "kv_stats": KvStats(num_blocks=3, num_bytes=3000, num_lookups=2, lookup_hit_rate=0.5, num_evictions=1,
-                        degraded=True, max_memory_bytes=1 << 30, eviction_policy="allkeys-lru",
-                        used_memory_bytes=5000, blocks_per_namespace={"llama-fp32-v1-abc": 3}),
+    "kv_stats": KvStats(
+        num_blocks=3,
+        num_bytes=3000,
+        num_lookups=2,
+        lookup_hit_rate=0.5,
+        num_evictions=1,
+        degraded=True,
+        max_memory_bytes=1 << 30,
+        eviction_policy="allkeys-lru",
+        used_memory_bytes=5000,
+        blocks_per_namespace={"llama-fp32-v1-abc": 3},
+    ),
     "error_reply": ErrorReply(code="internal", message="handler failed: boom"),
 }
 
@@ -182,8 +228,13 @@ def test_encode_refuses_unregistered_types():
 
 def test_handoff_checks_its_token_count():
     with pytest.raises(ValueError, match="num_kv_tokens"):
-        Handoff(request=_REQUEST, prefill_worker_id="p", kv_namespace="n",
-                kv_blocks=[BlockRef(_HASHES[0], 16)], num_kv_tokens=17)
+        Handoff(
+            request=_REQUEST,
+            prefill_worker_id="p",
+            kv_namespace="n",
+            kv_blocks=[BlockRef(_HASHES[0], 16)],
+            num_kv_tokens=17,
+        )
 
 
 def test_block_hashes_chain_and_are_deterministic():

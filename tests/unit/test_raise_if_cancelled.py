@@ -8,8 +8,10 @@ import pytest
 
 from ferry.bus import raise_if_cancelled
 
-pytestmark = [pytest.mark.unit,
-              pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling() is Python 3.11+")]
+pytestmark = [
+    pytest.mark.unit,
+    pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling() is Python 3.11+"),
+]
 
 
 async def test_a_loop_whose_cancellation_was_swallowed_still_ends():

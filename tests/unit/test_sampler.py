@@ -107,7 +107,14 @@ def test_plain_greedy_rows_are_argmax_also_when_other_knobs_share_the_batch():
     logits = logits_rows(4, seed=5)
     ids = logits.argmax(-1).tolist()
     blocked = ids[1]
-    result = sample(logits, [req(temperature=0), req(temperature=0, blocked=(blocked,)),
-                             req(temperature=0, logprobs=2), req(temperature=0, repetition_penalty=1.3)])
+    result = sample(
+        logits,
+        [
+            req(temperature=0),
+            req(temperature=0, blocked=(blocked,)),
+            req(temperature=0, logprobs=2),
+            req(temperature=0, repetition_penalty=1.3),
+        ],
+    )
     assert result.token_ids[0] == ids[0] and result.token_ids[1] != blocked
     assert result.logprobs[0] is None and result.logprobs[2].top_token_ids[0] == ids[2]

@@ -4,7 +4,7 @@ import pytest
 
 from ferry.engine.block_manager import BlockManager
 from ferry.engine.scheduler import Scheduler
-from ferry.engine.sequence import Sequence, SeqStatus
+from ferry.engine.sequence import SeqStatus, Sequence
 from ferry.protocol import SamplingParams
 
 pytestmark = pytest.mark.unit

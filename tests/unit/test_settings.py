@@ -43,13 +43,16 @@ def test_explicit_overrides_beat_the_environment(monkeypatch):
     assert load_settings(ServiceSettings, log_level="ERROR").log_level == "ERROR"
 
 
-@pytest.mark.parametrize("var, value", [
-    ("FERRY_METRICS_PORT", "lots"),
-    ("FERRY_METRICS_PORT", "70000"),
-    ("FERRY_LOG_LEVEL", "LOUD"),
-    ("FERRY_LOG_JSON", "maybe"),
-    ("FERRY_MAX_RUNNING", "0"),
-])
+@pytest.mark.parametrize(
+    "var, value",
+    [
+        ("FERRY_METRICS_PORT", "lots"),
+        ("FERRY_METRICS_PORT", "70000"),
+        ("FERRY_LOG_LEVEL", "LOUD"),
+        ("FERRY_LOG_JSON", "maybe"),
+        ("FERRY_MAX_RUNNING", "0"),
+    ],
+)
 def test_invalid_value_exits_naming_the_variable_and_value(monkeypatch, var, value):
     monkeypatch.setenv(var, value)
     with pytest.raises(SettingsError) as err:

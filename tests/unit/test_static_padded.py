@@ -43,8 +43,12 @@ def test_static_batch_left_pads_prompts_to_the_longest_as_a_dense_server_does():
 
 def test_static_batch_stops_where_the_padded_batch_outgrows_the_pool():
     # 20-token prompts: alone 20+9 tokens = 2 blocks; padded to 30 outputs each member needs 4 blocks
-    reqs = [WorkloadRequest(0, [16] * 20, 9), WorkloadRequest(1, [16] * 20, 9), WorkloadRequest(2, [16] * 20, 30),
-            WorkloadRequest(3, [16] * 20, 1)]
+    reqs = [
+        WorkloadRequest(0, [16] * 20, 9),
+        WorkloadRequest(1, [16] * 20, 9),
+        WorkloadRequest(2, [16] * 20, 30),
+        WorkloadRequest(3, [16] * 20, 1),
+    ]
     batch = static_batch(reqs, EngineConfig(max_num_seqs=4, num_kv_blocks=8, block_size=16))
     assert [r.index for r in batch] == [0, 1]  # request 2 would pad everyone to 50 tokens: 12 blocks
     with pytest.raises(ValueError, match="request 2 needs 4 KV blocks > num_kv_blocks=3"):
@@ -56,8 +60,11 @@ def test_online_padded_server_makes_late_arrivals_wait_for_the_whole_batch(tiny,
     reqs = [WorkloadRequest(i, list(range(20 + i, 40 + i)), n) for i, n in enumerate([2, 8, 3, 5, 4])]
     arrivals = [0.0, 0.0, 1e-6, 1e-6, 1000.0]  # 2 and 3 arrive while the first batch runs
     config = EngineConfig(max_num_seqs=4, num_kv_blocks=64, max_num_batched_tokens=256)
-    runs = side_by_side({name: engine_turns(lm, config, reqs, arrivals, name)
-                         for name in ("static_padded", "dynamic")}, 10, progress=False)
+    runs = side_by_side(
+        {name: engine_turns(lm, config, reqs, arrivals, name) for name in ("static_padded", "dynamic")},
+        10,
+        progress=False,
+    )
     padded, dynamic = runs["static_padded"], runs["dynamic"]
     assert padded.static_batches == [[0, 1], [2, 3], [4]]  # cap 4, yet 2 and 3 did not join batch 1
     assert dynamic.static_batches == []
@@ -72,9 +79,17 @@ def test_online_padded_server_makes_late_arrivals_wait_for_the_whole_batch(tiny,
 
 
 def test_offline_padded_static_computes_the_padding_but_reports_wanted_tokens(tiny, tmp_path):
-    cfg = OfflineConfig(model=tiny, out_dir=tmp_path / "out", systems=("static", "static_padded"),
-                        workload=WorkloadConfig(num_requests=4, vocab_size=512, output_lens=(2, 8), seed=1),
-                        max_num_seqs=2, num_kv_blocks=256, rate_fractions=(), threads=1, show_progress=False)
+    cfg = OfflineConfig(
+        model=tiny,
+        out_dir=tmp_path / "out",
+        systems=("static", "static_padded"),
+        workload=WorkloadConfig(num_requests=4, vocab_size=512, output_lens=(2, 8), seed=1),
+        max_num_seqs=2,
+        num_kv_blocks=256,
+        rate_fractions=(),
+        threads=1,
+        show_progress=False,
+    )
     threads = torch.get_num_threads()
     try:
         report = run_offline(cfg)
@@ -85,8 +100,10 @@ def test_offline_padded_static_computes_the_padding_but_reports_wanted_tokens(ti
     reqs = make_workload(cfg.workload)
     extra = sum(max(r.max_tokens for r in pair) * 2 - sum(r.max_tokens for r in pair) for pair in (reqs[:2], reqs[2:]))
     assert extra > 0  # the seeded workload mixes lengths inside a batch
-    prompt_pad = sum(max(len(r.prompt_token_ids) for r in pair) * 2 - sum(len(r.prompt_token_ids) for r in pair)
-                     for pair in (reqs[:2], reqs[2:]))
+    prompt_pad = sum(
+        max(len(r.prompt_token_ids) for r in pair) * 2 - sum(len(r.prompt_token_ids) for r in pair)
+        for pair in (reqs[:2], reqs[2:])
+    )
     assert prompt_pad > 0
     extra += prompt_pad
     assert padded["engine"]["num_computed_tokens"] - compact["engine"]["num_computed_tokens"] == extra

@@ -26,8 +26,10 @@ def test_one_batch_per_gateway_per_step_and_untracked_requests_dropped():
     outputs = [Out("a", 0, [5], "x"), Out("b", 2, [6]), Out("c", 1, [7], finish_reason="length"), Out("gone", 0, [1])]
     batches = batch_by_gateway(outputs, {"a": "g1", "b": "g2", "c": "g1"}, "w1")
     assert sorted(batches) == ["g1", "g2"]
-    assert [(e.request_id, e.index, e.token_ids, e.text) for e in batches["g1"].tokens] == \
-        [("a", 0, [5], "x"), ("c", 1, [7], "")]
+    assert [(e.request_id, e.index, e.token_ids, e.text) for e in batches["g1"].tokens] == [
+        ("a", 0, [5], "x"),
+        ("c", 1, [7], ""),
+    ]
     assert batches["g1"].tokens[1].finish_reason == "length"
     assert batches["g2"].worker_id == "w1" and batches["g2"].tokens[0].num_prompt_tokens == 3
 

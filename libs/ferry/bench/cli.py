@@ -30,15 +30,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--systems", default="dynamic,static,static_padded,transformers", help="default %(default)s")
     o.add_argument("--max-num-seqs", type=int, default=32, help="batch cap of every system (default %(default)s)")
     o.add_argument("--num-kv-blocks", type=int, default=4096)
-    o.add_argument("--rate-fractions", default="0.5,0.8",
-                   help="online Poisson rates as fractions of the rate basis's offline req/s; the first is "
-                        "the headline 'moderate' rate; empty = skip (default %(default)s)")
-    o.add_argument("--rate-basis", choices=("static", "static_padded"),
-                   help="baseline whose offline capacity sets the online rates (default: static_padded, the "
-                        "classic static server, if it runs, else static)")
-    o.add_argument("--kv-budget-tokens", type=int,
-                   help="add an EQUAL KV MEMORY table: every engine system gets a KV pool of this many tokens "
-                        "(static reserves prompt + max_tokens per member) and --kv-budget-max-num-seqs")
+    o.add_argument(
+        "--rate-fractions",
+        default="0.5,0.8",
+        help="online Poisson rates as fractions of the rate basis's offline req/s; the first is "
+        "the headline 'moderate' rate; empty = skip (default %(default)s)",
+    )
+    o.add_argument(
+        "--rate-basis",
+        choices=("static", "static_padded"),
+        help="baseline whose offline capacity sets the online rates (default: static_padded, the "
+        "classic static server, if it runs, else static)",
+    )
+    o.add_argument(
+        "--kv-budget-tokens",
+        type=int,
+        help="add an EQUAL KV MEMORY table: every engine system gets a KV pool of this many tokens "
+        "(static reserves prompt + max_tokens per member) and --kv-budget-max-num-seqs",
+    )
     o.add_argument("--kv-budget-max-num-seqs", type=int, default=128, help="default %(default)s")
     o.add_argument("--online-requests", type=int, default=64)
     o.add_argument("--threads", type=int, default=2, help="torch threads (default %(default)s)")
@@ -62,13 +71,18 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("choose one mode: --offline (engine in-process) or --url URL (a server)")
     if args.model and not Path(args.model).is_dir():
         raise ValueError(f"--model {args.model}: no such checkpoint folder")
-    workload = WorkloadConfig(num_requests=args.num_requests, seed=args.seed,
-                              prompt_len_median=args.prompt_len_median, max_prompt_len=args.max_prompt_len,
-                              output_lens=_ints(args.output_lens, "--output-lens"),
-                              shared_prefix_len=args.shared_prefix_len,
-                              vocab_size=args.vocab_size or _model_vocab(args.model) or 2048)
+    workload = WorkloadConfig(
+        num_requests=args.num_requests,
+        seed=args.seed,
+        prompt_len_median=args.prompt_len_median,
+        max_prompt_len=args.max_prompt_len,
+        output_lens=_ints(args.output_lens, "--output-lens"),
+        shared_prefix_len=args.shared_prefix_len,
+        vocab_size=args.vocab_size or _model_vocab(args.model) or 2048,
+    )
     out = args.out or Path("ops/bench") / ("offline" if args.offline else "online") / time.strftime(
-        "%Y%m%dT%H%M%SZ", time.gmtime())
+        "%Y%m%dT%H%M%SZ", time.gmtime()
+    )
     if args.url:
         try:
             from ferry.bench.online import run_url
@@ -85,15 +99,27 @@ def _run_offline(args: argparse.Namespace, workload, out: Path) -> int:
     from ferry.bench.offline import OfflineConfig, run_offline
 
     fractions = tuple(float(f) for f in args.rate_fractions.split(",") if f.strip())
-    cfg = OfflineConfig(model=Path(args.model), out_dir=out, workload=workload, max_num_seqs=args.max_num_seqs,
-                        num_kv_blocks=args.num_kv_blocks, rate_fractions=fractions,
-                        systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
-                        online_requests=args.online_requests, threads=args.threads,
-                        rate_basis=args.rate_basis, kv_budget_tokens=args.kv_budget_tokens,
-                        kv_budget_max_num_seqs=args.kv_budget_max_num_seqs, show_progress=not args.no_progress)
+    cfg = OfflineConfig(
+        model=Path(args.model),
+        out_dir=out,
+        workload=workload,
+        max_num_seqs=args.max_num_seqs,
+        num_kv_blocks=args.num_kv_blocks,
+        rate_fractions=fractions,
+        systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
+        online_requests=args.online_requests,
+        threads=args.threads,
+        rate_basis=args.rate_basis,
+        kv_budget_tokens=args.kv_budget_tokens,
+        kv_budget_max_num_seqs=args.kv_budget_max_num_seqs,
+        show_progress=not args.no_progress,
+    )
     report = run_offline(cfg)
-    summary = {"out": str(out), "ratios": report["ratios"],
-               "output_tokens_per_s": {k: v["output_tokens_per_s"] for k, v in report["offline"].items()}}
+    summary = {
+        "out": str(out),
+        "ratios": report["ratios"],
+        "output_tokens_per_s": {k: v["output_tokens_per_s"] for k, v in report["offline"].items()},
+    }
     if "equal_kv_memory" in report:
         summary["equal_kv_memory_ratios"] = report["equal_kv_memory"]["ratios"]
     print(json.dumps(summary, indent=2))

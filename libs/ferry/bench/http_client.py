@@ -78,22 +78,28 @@ def build_body(call: CompletionCall, model: str, length_control: str) -> dict:
     """The JSON body of one streaming completion request."""
     if length_control not in LENGTH_CONTROLS:
         raise ValueError(f"length_control={length_control!r}: must be one of {LENGTH_CONTROLS}")
-    body: dict = {"model": model, "prompt": call.prompt, "max_tokens": call.max_tokens,
-                  "temperature": 0.0, "stream": True}
+    body: dict = {
+        "model": model,
+        "prompt": call.prompt,
+        "max_tokens": call.max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+    }
     if length_control == "extra":
-        body.update(ignore_eos=True, min_tokens=call.max_tokens,
-                    stream_options={"include_usage": True})
+        body.update(ignore_eos=True, min_tokens=call.max_tokens, stream_options={"include_usage": True})
     elif length_control == "hf-generation-config":
         # transformers serve always reports usage in its last chunk and warns on stream_options.
-        body["generation_config"] = json.dumps({
-            "max_new_tokens": call.max_tokens, "min_new_tokens": call.max_tokens, "do_sample": False})
+        body["generation_config"] = json.dumps(
+            {"max_new_tokens": call.max_tokens, "min_new_tokens": call.max_tokens, "do_sample": False}
+        )
     else:
         body["stream_options"] = {"include_usage": True}
     return body
 
 
-async def stream_completion(client: httpx.AsyncClient, url: str, body: dict, call: CompletionCall,
-                            sent_at_s: float, timeout_s: float) -> CallResult:
+async def stream_completion(
+    client: httpx.AsyncClient, url: str, body: dict, call: CompletionCall, sent_at_s: float, timeout_s: float
+) -> CallResult:
     """POST `body` to `url` (the full /v1/completions URL) and time its stream; never raises for
     server or network errors, which land in `CallResult.error`."""
     result = CallResult(index=call.index, sent_at_s=sent_at_s)
@@ -175,7 +181,7 @@ def parse_selector(selector: str) -> tuple[str, dict[str, str]]:
     for part in filter(None, (p.strip() for p in rest.rstrip("}").split(","))):
         key, eq, value = part.partition("=")
         if not eq:
-            raise ValueError(f"batch metric selector {selector!r}: label {part!r} is not key=\"value\"")
+            raise ValueError(f'batch metric selector {selector!r}: label {part!r} is not key="value"')
         labels[key.strip()] = value.strip().strip('"')
     return name.strip(), labels
 
@@ -185,6 +191,10 @@ def gauge_sum(text: str, selector: str) -> float | None:
     from prometheus_client.parser import text_string_to_metric_families
 
     name, labels = parse_selector(selector)
-    values = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-              if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+    values = [
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
     return float(sum(values)) if values else None

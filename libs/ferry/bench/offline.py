@@ -28,17 +28,42 @@ from pathlib import Path
 
 import torch
 
-from ferry.bench.offline_report import (EQUAL_KV_LABEL, LABELS, OnlineRun, add_flops_use, matmul_gflops,
-                                        offline_ratios, online_rows, write_plots)
-from ferry.bench.offline_turns import (ENGINE_SYSTEMS, RunResult, Turns, engine_config, engine_turns,
-                                       side_by_side, static_batch, transformers_turns)
+from ferry.bench.offline_report import (
+    EQUAL_KV_LABEL,
+    LABELS,
+    OnlineRun,
+    add_flops_use,
+    matmul_gflops,
+    offline_ratios,
+    online_rows,
+    write_plots,
+)
+from ferry.bench.offline_turns import (
+    ENGINE_SYSTEMS,
+    RunResult,
+    Turns,
+    engine_config,
+    engine_turns,
+    side_by_side,
+    static_batch,
+    transformers_turns,
+)
 from ferry.bench.workload import WorkloadConfig, make_workload, poisson_arrivals
 from ferry.engine.config import EngineConfig
 from ferry.model import LoadedModel, load_model
 
 SYSTEMS = (*ENGINE_SYSTEMS, "transformers")
-__all__ = ["LABELS", "SYSTEMS", "OfflineConfig", "RunResult", "Turns", "engine_turns", "run_offline",
-           "side_by_side", "static_batch"]
+__all__ = [
+    "LABELS",
+    "SYSTEMS",
+    "OfflineConfig",
+    "RunResult",
+    "Turns",
+    "engine_turns",
+    "run_offline",
+    "side_by_side",
+    "static_batch",
+]
 
 
 @dataclass(slots=True)
@@ -71,8 +96,10 @@ class OfflineConfig:
         if self.rate_basis is None:
             self.rate_basis = "static_padded" if "static_padded" in self.systems else "static"
         if self.rate_fractions and not {"dynamic", self.rate_basis} <= set(self.systems):
-            raise ValueError(f"OfflineConfig.rate_fractions: the online part needs 'dynamic' and its rate "
-                             f"basis {self.rate_basis!r} in systems")
+            raise ValueError(
+                f"OfflineConfig.rate_fractions: the online part needs 'dynamic' and its rate "
+                f"basis {self.rate_basis!r} in systems"
+            )
         if self.rate_basis not in ("static", "static_padded"):
             raise ValueError(f"OfflineConfig.rate_basis={self.rate_basis!r}: 'static' or 'static_padded'")
         if any(f <= 0 for f in self.rate_fractions):
@@ -93,8 +120,12 @@ def run_offline(cfg: OfflineConfig) -> dict:
     lm = load_model(cfg.model)
     requests = make_workload(cfg.workload)
     at_once = [0.0] * len(requests)
-    turns = {s: transformers_turns(cfg.model, requests, cfg.max_num_seqs) if s == "transformers"
-             else engine_turns(lm, _engine_config(cfg, s), requests, at_once, s) for s in cfg.systems}
+    turns = {
+        s: transformers_turns(cfg.model, requests, cfg.max_num_seqs)
+        if s == "transformers"
+        else engine_turns(lm, _engine_config(cfg, s), requests, at_once, s)
+        for s in cfg.systems
+    }
     results = side_by_side(turns, len(requests) * len(turns), cfg.show_progress)
     results = {s: results[s] for s in cfg.systems}
     offline = {name: r.summary() for name, r in results.items()}
@@ -102,32 +133,35 @@ def run_offline(cfg: OfflineConfig) -> dict:
     equal_kv = _run_equal_kv(cfg, lm, requests)
     report = _report(cfg, lm, offline, online, equal_kv)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    report["plots"] = write_plots(cfg.out_dir, results, online, cfg.rate_basis, equal_kv,
-                                  (cfg.kv_budget_tokens, cfg.kv_budget_max_num_seqs))
+    report["plots"] = write_plots(
+        cfg.out_dir, results, online, cfg.rate_basis, equal_kv, (cfg.kv_budget_tokens, cfg.kv_budget_max_num_seqs)
+    )
     (cfg.out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     return report
 
 
-def _engine_config(cfg: OfflineConfig, system: str, num_kv_blocks: int | None = None,
-                   max_num_seqs: int | None = None) -> EngineConfig:
-    return engine_config(system, max_num_seqs or cfg.max_num_seqs, num_kv_blocks or cfg.num_kv_blocks,
-                         cfg.max_num_batched_tokens)
+def _engine_config(
+    cfg: OfflineConfig, system: str, num_kv_blocks: int | None = None, max_num_seqs: int | None = None
+) -> EngineConfig:
+    return engine_config(
+        system, max_num_seqs or cfg.max_num_seqs, num_kv_blocks or cfg.num_kv_blocks, cfg.max_num_batched_tokens
+    )
 
 
 def _run_online(cfg: OfflineConfig, lm: LoadedModel, offline: dict[str, dict]) -> list[OnlineRun]:
     """Each rate fraction of the rate basis's offline capacity, every engine system side by side."""
     if not cfg.rate_fractions:
         return []
-    wl = WorkloadConfig(**{**asdict(cfg.workload), "num_requests": cfg.online_requests,
-                           "seed": cfg.workload.seed + 1})
+    wl = WorkloadConfig(**{**asdict(cfg.workload), "num_requests": cfg.online_requests, "seed": cfg.workload.seed + 1})
     requests = make_workload(wl)
     capacity_rps = offline[cfg.rate_basis]["requests_per_s"]
     runs = []
     for fraction in cfg.rate_fractions:
         arrivals = poisson_arrivals(len(requests), fraction * capacity_rps, wl.seed)
         turns = {s: engine_turns(lm, _engine_config(cfg, s), requests, arrivals, s) for s in cfg.engine_systems}
-        runs.append((fraction, fraction * capacity_rps,
-                     side_by_side(turns, len(turns) * len(requests), cfg.show_progress)))
+        runs.append(
+            (fraction, fraction * capacity_rps, side_by_side(turns, len(turns) * len(requests), cfg.show_progress))
+        )
     return runs
 
 
@@ -141,8 +175,13 @@ def _run_equal_kv(cfg: OfflineConfig, lm: LoadedModel, requests) -> dict[str, Ru
     return side_by_side(turns, len(turns) * len(requests), cfg.show_progress)
 
 
-def _report(cfg: OfflineConfig, lm: LoadedModel, offline: dict[str, dict], online: list[OnlineRun],
-            equal_kv: dict[str, RunResult] | None) -> dict:
+def _report(
+    cfg: OfflineConfig,
+    lm: LoadedModel,
+    offline: dict[str, dict],
+    online: list[OnlineRun],
+    equal_kv: dict[str, RunResult] | None,
+) -> dict:
     ratios = offline_ratios(offline)
     rows = online_rows(online, cfg.rate_basis, offline)
     for key in ("p99_e2e_reduction_vs_static", "p99_e2e_reduction_vs_static_padded"):
@@ -150,14 +189,27 @@ def _report(cfg: OfflineConfig, lm: LoadedModel, offline: dict[str, dict], onlin
             ratios[f"moderate_rate_{key}"] = rows[0][key]
     peak = matmul_gflops()
     add_flops_use(offline, lm, peak)
-    report = {"kind": "offline", "model": str(cfg.model), "model_fingerprint": lm.fingerprint,
-              "threads": cfg.threads, "config": {**asdict(cfg), "model": str(cfg.model), "out_dir": str(cfg.out_dir)},
-              "machine_matmul_gflops": peak, "labels": LABELS, "ratios": ratios, "offline": offline,
-              "online_rate_basis": cfg.rate_basis, "online": rows}
+    report = {
+        "kind": "offline",
+        "model": str(cfg.model),
+        "model_fingerprint": lm.fingerprint,
+        "threads": cfg.threads,
+        "config": {**asdict(cfg), "model": str(cfg.model), "out_dir": str(cfg.out_dir)},
+        "machine_matmul_gflops": peak,
+        "labels": LABELS,
+        "ratios": ratios,
+        "offline": offline,
+        "online_rate_basis": cfg.rate_basis,
+        "online": rows,
+    }
     if equal_kv is not None:
         summaries = {s: r.summary() for s, r in equal_kv.items()}
         add_flops_use(summaries, lm, peak)
-        report["equal_kv_memory"] = {"label": EQUAL_KV_LABEL, "kv_budget_tokens": cfg.kv_budget_tokens,
-                                     "max_num_seqs": cfg.kv_budget_max_num_seqs, "offline": summaries,
-                                     "ratios": offline_ratios(summaries)}
+        report["equal_kv_memory"] = {
+            "label": EQUAL_KV_LABEL,
+            "kv_budget_tokens": cfg.kv_budget_tokens,
+            "max_num_seqs": cfg.kv_budget_max_num_seqs,
+            "offline": summaries,
+            "ratios": offline_ratios(summaries),
+        }
     return report

@@ -11,16 +11,22 @@ import torch
 from ferry.bench.offline_turns import RunResult
 from ferry.model import LoadedModel
 
-LABELS = {"dynamic": "dynamic", "static": "static (compacting)", "static_padded": "static (padded)",
-          "transformers": "transformers"}
+LABELS = {
+    "dynamic": "dynamic",
+    "static": "static (compacting)",
+    "static_padded": "static (padded)",
+    "transformers": "transformers",
+}
 """'static' drops a finished sequence from compute at once (only live sequences cost); 'static_padded'
 is classic static batching on dense tensors (FasterTransformer-era servers, HF generate): prompts
 are left-padded to the batch's longest, and a finished slot keeps decoding (its tokens are thrown
 away) until the batch's longest member is done."""
 STATIC_BASELINES = ("static", "static_padded")
-EQUAL_KV_LABEL = ("equal KV memory: every engine system gets the same KV pool and batch cap; static admission "
-                  "reserves prompt + max_tokens per member (it cannot preempt), dynamic allocates as tokens "
-                  "grow and preempts when the pool runs dry. Not the equal-batch-cap comparison.")
+EQUAL_KV_LABEL = (
+    "equal KV memory: every engine system gets the same KV pool and batch cap; static admission "
+    "reserves prompt + max_tokens per member (it cannot preempt), dynamic allocates as tokens "
+    "grow and preempts when the pool runs dry. Not the equal-batch-cap comparison."
+)
 
 OnlineRun = tuple[float, float, dict[str, RunResult]]
 """(rate fraction, offered req/s, {system: RunResult}) of one Poisson rate."""
@@ -29,16 +35,23 @@ OnlineRun = tuple[float, float, dict[str, RunResult]]
 def offline_ratios(offline: dict[str, dict]) -> dict[str, float]:
     """dynamic's output tokens/s over each other system's."""
     dyn = offline.get("dynamic")
-    return {f"dynamic_vs_{other}_output_tokens_per_s": dyn["output_tokens_per_s"] / summary["output_tokens_per_s"]
-            for other, summary in offline.items() if dyn and other != "dynamic"}
+    return {
+        f"dynamic_vs_{other}_output_tokens_per_s": dyn["output_tokens_per_s"] / summary["output_tokens_per_s"]
+        for other, summary in offline.items()
+        if dyn and other != "dynamic"
+    }
 
 
 def online_rows(online: list[OnlineRun], basis: str, offline: dict[str, dict]) -> list[dict]:
     rows = []
     for fraction, rate_rps, by_system in online:
-        row = {"rate_fraction": fraction, "rate_basis": basis, "offered_rps": rate_rps,
-               "load_vs_own_capacity": {s: rate_rps / offline[s]["requests_per_s"] for s in by_system},
-               **{s: r.summary() for s, r in by_system.items()}}
+        row = {
+            "rate_fraction": fraction,
+            "rate_basis": basis,
+            "offered_rps": rate_rps,
+            "load_vs_own_capacity": {s: rate_rps / offline[s]["requests_per_s"] for s in by_system},
+            **{s: r.summary() for s, r in by_system.items()},
+        }
         for static in STATIC_BASELINES:
             if static in by_system and "dynamic" in by_system:
                 p99_ms = row["dynamic"]["e2e_ms"]["p99"], row[static]["e2e_ms"]["p99"]
@@ -94,8 +107,14 @@ def model_flops_per_token(lm: LoadedModel) -> float:
 
 
 # ---- plots ---------------------------------------------------------------------------------------
-def write_plots(out_dir: Path, results: dict[str, RunResult], online: list[OnlineRun], basis: str,
-                equal_kv: dict[str, RunResult] | None, kv_budget: tuple[int, int] | None) -> list[str]:
+def write_plots(
+    out_dir: Path,
+    results: dict[str, RunResult],
+    online: list[OnlineRun],
+    basis: str,
+    equal_kv: dict[str, RunResult] | None,
+    kv_budget: tuple[int, int] | None,
+) -> list[str]:
     """kv_budget: (KV pool tokens, batch cap) of the equal-KV-memory runs."""
     import matplotlib
 
@@ -104,8 +123,13 @@ def write_plots(out_dir: Path, results: dict[str, RunResult], online: list[Onlin
     if online:
         names.append(_latency_cdfs(out_dir / "latency_cdf.png", online, basis))
     if equal_kv:
-        names.append(_bars(out_dir / "equal_kv_memory.png", equal_kv,
-                           f"Offline throughput, EQUAL KV MEMORY ({kv_budget[0]} tokens, cap {kv_budget[1]})"))
+        names.append(
+            _bars(
+                out_dir / "equal_kv_memory.png",
+                equal_kv,
+                f"Offline throughput, EQUAL KV MEMORY ({kv_budget[0]} tokens, cap {kv_budget[1]})",
+            )
+        )
     return names
 
 

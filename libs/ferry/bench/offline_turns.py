@@ -54,11 +54,19 @@ class RunResult:
 
     def summary(self) -> dict:
         n = len(self.e2e_s)
-        out = {"system": self.system, "offered_rps": None if math.isinf(self.rate_rps) else self.rate_rps,
-               "num_requests": n, "busy_s": self.busy_s, "output_tokens": self.output_tokens,
-               "output_tokens_per_s": self.output_tokens / self.busy_s, "requests_per_s": n / self.busy_s,
-               "ttft_ms": latency_summary(self.ttft_s), "tpot_ms": latency_summary(self.tpot_s),
-               "e2e_ms": latency_summary(self.e2e_s), "engine": self.engine_stats}
+        out = {
+            "system": self.system,
+            "offered_rps": None if math.isinf(self.rate_rps) else self.rate_rps,
+            "num_requests": n,
+            "busy_s": self.busy_s,
+            "output_tokens": self.output_tokens,
+            "output_tokens_per_s": self.output_tokens / self.busy_s,
+            "requests_per_s": n / self.busy_s,
+            "ttft_ms": latency_summary(self.ttft_s),
+            "tpot_ms": latency_summary(self.tpot_s),
+            "e2e_ms": latency_summary(self.e2e_s),
+            "engine": self.engine_stats,
+        }
         if self.static_batches:
             out["num_static_batches"] = len(self.static_batches)
             out["mean_static_batch_size"] = n / len(self.static_batches)
@@ -88,21 +96,27 @@ def side_by_side(systems: dict[str, Turns], total: int, progress: bool) -> dict[
 
 
 # ---- the engine ----------------------------------------------------------------------------------
-def engine_config(system: str, max_num_seqs: int, num_kv_blocks: int,
-                  max_num_batched_tokens: int = 2048) -> EngineConfig:
+def engine_config(
+    system: str, max_num_seqs: int, num_kv_blocks: int, max_num_batched_tokens: int = 2048
+) -> EngineConfig:
     """The engine settings of one system: both static variants run the engine's static scheduler
     (padding is how engine_turns admits and sizes static_padded's requests); token ids out, no
     detokenizing (the workload's prompts are random ids)."""
     if system not in ENGINE_SYSTEMS:
         raise ValueError(f"system={system!r}: choose from {ENGINE_SYSTEMS}")
-    return EngineConfig(num_kv_blocks=num_kv_blocks, max_num_seqs=max_num_seqs,
-                        max_num_batched_tokens=max_num_batched_tokens,
-                        batching="static" if system == "static_padded" else system, detokenize=False,
-                        enable_prefix_caching=system != "static_padded")  # dense static servers have none
+    return EngineConfig(
+        num_kv_blocks=num_kv_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        batching="static" if system == "static_padded" else system,
+        detokenize=False,
+        enable_prefix_caching=system != "static_padded",
+    )  # dense static servers have none
 
 
-def engine_turns(lm: LoadedModel, config: EngineConfig, requests: list[WorkloadRequest],
-                 arrivals: list[float], name: str) -> Turns:
+def engine_turns(
+    lm: LoadedModel, config: EngineConfig, requests: list[WorkloadRequest], arrivals: list[float], name: str
+) -> Turns:
     """The engine as a system: an arrived request is handed to it at once ('dynamic', 'static': the
     engine queues it), or, for 'static_padded', held until the engine is idle and then admitted
     with the others that arrived as one padded batch (static_batch)."""
@@ -131,8 +145,9 @@ def engine_turns(lm: LoadedModel, config: EngineConfig, requests: list[WorkloadR
     return result
 
 
-def _to_submit(name: str, engine: LLMEngine, arrived: deque[WorkloadRequest],
-               result: RunResult) -> list[WorkloadRequest]:
+def _to_submit(
+    name: str, engine: LLMEngine, arrived: deque[WorkloadRequest], result: RunResult
+) -> list[WorkloadRequest]:
     if name != "static_padded":
         submit = list(arrived)
         arrived.clear()
@@ -165,19 +180,24 @@ def static_batch(waiting: list[WorkloadRequest], config: EngineConfig) -> list[W
         taken, prompt_len, longest = taken + 1, new_prompt, new_longest
     if taken == 0:
         need = _blocks(len(waiting[0].prompt_token_ids) + waiting[0].max_tokens, config)
-        raise ValueError(f"static_padded: request {waiting[0].index} needs {need} KV blocks > "
-                         f"num_kv_blocks={blocks}")
-    return [replace(r, max_tokens=longest,
-                    prompt_token_ids=[PAD_TOKEN_ID] * (prompt_len - len(r.prompt_token_ids)) + list(r.prompt_token_ids))
-            for r in waiting[:taken]]
+        raise ValueError(f"static_padded: request {waiting[0].index} needs {need} KV blocks > num_kv_blocks={blocks}")
+    return [
+        replace(
+            r,
+            max_tokens=longest,
+            prompt_token_ids=[PAD_TOKEN_ID] * (prompt_len - len(r.prompt_token_ids)) + list(r.prompt_token_ids),
+        )
+        for r in waiting[:taken]
+    ]
 
 
 def _blocks(num_tokens: int, config: EngineConfig) -> int:
     return -(-num_tokens // config.block_size)
 
 
-def _record(outputs, clock: float, arrivals: list[float], first_s: dict[int, float], result: RunResult,
-            wanted: dict[int, int]) -> int:
+def _record(
+    outputs, clock: float, arrivals: list[float], first_s: dict[int, float], result: RunResult, wanted: dict[int, int]
+) -> int:
     finished = 0
     for out in outputs:
         i = int(out.request_id)
@@ -197,11 +217,15 @@ def _engine_stats(before, after, requests: list[WorkloadRequest]) -> dict:
     steps = after.num_steps - before.num_steps
     scheduled = after.mean_batch_size * after.num_steps - before.mean_batch_size * before.num_steps
     cached = after.num_cached_tokens - before.num_cached_tokens
-    return {"num_computed_tokens": after.num_computed_tokens - before.num_computed_tokens,
-            "num_cached_tokens": cached,
-            "kv_hit_rate": cached / sum(len(r.prompt_token_ids) for r in requests),
-            "num_preemptions": after.num_preemptions - before.num_preemptions, "num_steps": steps,
-            "mean_batch_size": scheduled / max(steps, 1), "kv_blocks_total": after.kv_blocks_total}
+    return {
+        "num_computed_tokens": after.num_computed_tokens - before.num_computed_tokens,
+        "num_cached_tokens": cached,
+        "kv_hit_rate": cached / sum(len(r.prompt_token_ids) for r in requests),
+        "num_preemptions": after.num_preemptions - before.num_preemptions,
+        "num_steps": steps,
+        "mean_batch_size": scheduled / max(steps, 1),
+        "kv_blocks_total": after.kv_blocks_total,
+    }
 
 
 def _sampling(req: WorkloadRequest) -> SamplingParams:
@@ -247,5 +271,11 @@ def _hf_batch(model, batch: list[WorkloadRequest], pad: int, warm_up: bool = Fal
         mask[row, width - len(req.prompt_token_ids) :] = 1
     new = 4 if warm_up else max(r.max_tokens for r in batch)  # rows that want fewer still run: static
     with torch.inference_mode():
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                       do_sample=False, pad_token_id=pad)
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=pad,
+        )

@@ -17,7 +17,12 @@ from pathlib import Path
 import httpx
 
 from ferry.bench.http_client import (
-    LENGTH_CONTROLS, CallResult, CompletionCall, build_body, scrape_gauge, stream_completion,
+    LENGTH_CONTROLS,
+    CallResult,
+    CompletionCall,
+    build_body,
+    scrape_gauge,
+    stream_completion,
 )
 from ferry.bench.workload import WorkloadConfig, make_workload, poisson_arrivals
 
@@ -82,8 +87,9 @@ class PhaseResult:
     timed_out: bool = False
 
 
-async def run_phase(calls: list[CompletionCall], arrivals_s: list[float], config: OnlineConfig,
-                    name: str, rate_rps: float) -> PhaseResult:
+async def run_phase(
+    calls: list[CompletionCall], arrivals_s: list[float], config: OnlineConfig, name: str, rate_rps: float
+) -> PhaseResult:
     """Send `calls[i]` at `arrivals_s[i]` seconds after the phase starts; wait for all of them."""
     if len(calls) != len(arrivals_s):
         raise ValueError(f"{len(calls)} calls but {len(arrivals_s)} arrival times")
@@ -92,7 +98,9 @@ async def run_phase(calls: list[CompletionCall], arrivals_s: list[float], config
         gate = asyncio.Semaphore(config.max_concurrency)
         start = time.perf_counter()
         progress = _progress(len(calls), name, config.show_progress)
-        tasks = [asyncio.create_task(_one_call(client, gate, call, at, start, config)) for call, at in zip(calls, arrivals_s)]
+        tasks = [
+            asyncio.create_task(_one_call(client, gate, call, at, start, config)) for call, at in zip(calls, arrivals_s)
+        ]
         for task in tasks:
             task.add_done_callback(lambda _t: progress.update(1))
         sampler = _BatchSampler(client, config, start)
@@ -106,20 +114,32 @@ async def run_phase(calls: list[CompletionCall], arrivals_s: list[float], config
     results = [_result_of(task, call) for task, call in zip(tasks, calls)]
     if not pending:
         duration_s = max((r.sent_at_s + (r.e2e_s or 0.0) for r in results), default=0.0)
-    return PhaseResult(name=name, rate_rps=rate_rps, duration_s=duration_s, results=results,
-                       scheduled_s=list(arrivals_s), batch_samples=samples, timed_out=bool(pending))
+    return PhaseResult(
+        name=name,
+        rate_rps=rate_rps,
+        duration_s=duration_s,
+        results=results,
+        scheduled_s=list(arrivals_s),
+        batch_samples=samples,
+        timed_out=bool(pending),
+    )
 
 
-async def _one_call(client: httpx.AsyncClient, gate: asyncio.Semaphore, call: CompletionCall,
-                    at_s: float, start: float, config: OnlineConfig) -> CallResult:
+async def _one_call(
+    client: httpx.AsyncClient,
+    gate: asyncio.Semaphore,
+    call: CompletionCall,
+    at_s: float,
+    start: float,
+    config: OnlineConfig,
+) -> CallResult:
     delay = at_s - (time.perf_counter() - start)
     if delay > 0:
         await asyncio.sleep(delay)
     async with gate:
         body = build_body(call, config.model, config.length_control)
         sent_at_s = time.perf_counter() - start
-        return await stream_completion(client, config.completions_url, body, call, sent_at_s,
-                                       config.request_timeout_s)
+        return await stream_completion(client, config.completions_url, body, call, sent_at_s, config.request_timeout_s)
 
 
 def _result_of(task: asyncio.Task, call: CompletionCall) -> CallResult:
@@ -147,8 +167,9 @@ class _BatchSampler:
     async def _loop(self, client: httpx.AsyncClient, config: OnlineConfig, start: float) -> None:
         timeout_s = config.metrics_interval_s * 4
         while True:
-            values = await asyncio.gather(*(scrape_gauge(client, url, config.batch_metric, timeout_s)
-                                            for url in config.metrics_urls))
+            values = await asyncio.gather(
+                *(scrape_gauge(client, url, config.batch_metric, timeout_s) for url in config.metrics_urls)
+            )
             found = [v for v in values if v is not None]
             if found:  # one sum over every endpoint (e.g. one per decode worker)
                 self.samples.append((time.perf_counter() - start, float(sum(found))))
@@ -163,12 +184,15 @@ class _BatchSampler:
 
 # Words that are one token each in `ferry make-model`'s tokenizer (and in common BPE vocabularies
 # with a leading space), so a text prompt of n-1 words is n tokens there, BOS included.
-PROMPT_WORDS = tuple((
-    "the a an of to in is was for on that with as by at from it this be are or not have has had ferry "
-    "river boat harbor dock wind water light morning evening night day week year time people model "
-    "token cache block layer attention query key value server request stream batch prefill decode "
-    "gateway worker balancer redis nats message latency throughput memory compute matrix one two three "
-    "four five six seven eight nine ten first second last next red green blue small large long short").split())
+PROMPT_WORDS = tuple(
+    (
+        "the a an of to in is was for on that with as by at from it this be are or not have has had ferry "
+        "river boat harbor dock wind water light morning evening night day week year time people model "
+        "token cache block layer attention query key value server request stream batch prefill decode "
+        "gateway worker balancer redis nats message latency throughput memory compute matrix one two three "
+        "four five six seven eight nine ten first second last next red green blue small large long short"
+    ).split()
+)
 
 
 def ids_to_text(token_ids: list[int]) -> str:
@@ -220,27 +244,53 @@ def make_calls(workload: WorkloadConfig, prompt_format: str) -> list[CompletionC
     """The workload as HTTP calls: token ids as they are, or one word per id (`ids_to_text`)."""
     if prompt_format not in PROMPT_FORMATS:
         raise ValueError(f"prompt_format={prompt_format!r}: must be one of {PROMPT_FORMATS}")
-    return [CompletionCall(index=r.index, max_tokens=r.max_tokens, num_prompt_tokens=len(r.prompt_token_ids),
-                           prompt=r.prompt_token_ids if prompt_format == "ids" else ids_to_text(r.prompt_token_ids))
-            for r in make_workload(workload)]
+    return [
+        CompletionCall(
+            index=r.index,
+            max_tokens=r.max_tokens,
+            num_prompt_tokens=len(r.prompt_token_ids),
+            prompt=r.prompt_token_ids if prompt_format == "ids" else ids_to_text(r.prompt_token_ids),
+        )
+        for r in make_workload(workload)
+    ]
 
 
 def make_plans(rates: list[float], num_requests: int, seed: int) -> list[PhasePlan]:
-    return [PhasePlan("all-at-once" if math.isinf(rate) else f"poisson-{rate:g}rps", rate,
-                      poisson_arrivals(num_requests, rate, seed)) for rate in rates]
+    return [
+        PhasePlan(
+            "all-at-once" if math.isinf(rate) else f"poisson-{rate:g}rps",
+            rate,
+            poisson_arrivals(num_requests, rate, seed),
+        )
+        for rate in rates
+    ]
 
 
-def bench_url(config: OnlineConfig, workload: WorkloadConfig, rates: list[float], prompt_format: str,
-              out_dir: str, meta: dict | None = None) -> dict:
+def bench_url(
+    config: OnlineConfig,
+    workload: WorkloadConfig,
+    rates: list[float],
+    prompt_format: str,
+    out_dir: str,
+    meta: dict | None = None,
+) -> dict:
     """The whole `ferry bench --url` run: every phase, then bench.json, PNGs and summary.md in out_dir."""
     from ferry.bench.report import write_report
 
     calls = make_calls(workload, prompt_format)
     phases = asyncio.run(run_phases(calls, make_plans(rates, workload.num_requests, workload.seed), config))
-    meta = {"target": config.base_url, "model": config.model, "num_requests": workload.num_requests,
-            "seed": workload.seed, "workload": _workload_label(workload), "prompt_format": prompt_format,
-            "max_concurrency": config.max_concurrency, "length_control": config.length_control,
-            "rates_rps": [None if math.isinf(r) else r for r in rates], **(meta or {})}
+    meta = {
+        "target": config.base_url,
+        "model": config.model,
+        "num_requests": workload.num_requests,
+        "seed": workload.seed,
+        "workload": _workload_label(workload),
+        "prompt_format": prompt_format,
+        "max_concurrency": config.max_concurrency,
+        "length_control": config.length_control,
+        "rates_rps": [None if math.isinf(r) else r for r in rates],
+        **(meta or {}),
+    }
     return write_report(out_dir, meta, phases)
 
 
@@ -254,17 +304,35 @@ def add_url_arguments(parser) -> None:
     g = parser.add_argument_group("online bench of an OpenAI-compatible server (--url)")
     g.add_argument("--url", help="server root, e.g. http://127.0.0.1:8000 (ferry up, vLLM, transformers serve)")
     g.add_argument("--served-model", help="`model` field of the requests (default: the first of /v1/models)")
-    g.add_argument("--rates", default="inf,1,2,4", help="offered loads in req/s, inf = all at once (default %(default)s)")
+    g.add_argument(
+        "--rates", default="inf,1,2,4", help="offered loads in req/s, inf = all at once (default %(default)s)"
+    )
     g.add_argument("--max-concurrency", type=int, default=64, help="requests in flight at most (default %(default)s)")
-    g.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request read (default %(default)s)")
-    g.add_argument("--phase-time-limit", type=float, default=600.0, help="seconds per phase at most (default %(default)s)")
-    g.add_argument("--length-control", choices=LENGTH_CONTROLS, default="extra",
-                   help="how to ask for exact output lengths: extra = ignore_eos/min_tokens (ferry, vLLM); "
-                        "hf-generation-config = transformers serve; none")
-    g.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="ids",
-                   help="token ids as the prompt, or one word per id (for servers that take text only)")
-    g.add_argument("--metrics-url", action="append", default=[], help="Prometheus endpoint to sample the batch "
-                   "size from (repeat for several workers)")
+    g.add_argument(
+        "--request-timeout", type=float, default=300.0, help="seconds per request read (default %(default)s)"
+    )
+    g.add_argument(
+        "--phase-time-limit", type=float, default=600.0, help="seconds per phase at most (default %(default)s)"
+    )
+    g.add_argument(
+        "--length-control",
+        choices=LENGTH_CONTROLS,
+        default="extra",
+        help="how to ask for exact output lengths: extra = ignore_eos/min_tokens (ferry, vLLM); "
+        "hf-generation-config = transformers serve; none",
+    )
+    g.add_argument(
+        "--prompt-format",
+        choices=PROMPT_FORMATS,
+        default="ids",
+        help="token ids as the prompt, or one word per id (for servers that take text only)",
+    )
+    g.add_argument(
+        "--metrics-url",
+        action="append",
+        default=[],
+        help="Prometheus endpoint to sample the batch size from (repeat for several workers)",
+    )
     g.add_argument("--batch-metric", default='ferry_requests_running{role="decode"}')
 
 
@@ -272,10 +340,17 @@ def run_url(args, workload: WorkloadConfig, out_dir: str, show_progress: bool = 
     """`ferry bench --url`: cli.py builds the shared workload and output folder, this does the rest."""
     rates = parse_rates(args.rates)  # bad options fail before any network call
     model = args.served_model or detect_model(args.url)
-    config = OnlineConfig(base_url=args.url, model=model, max_concurrency=args.max_concurrency,
-                          request_timeout_s=args.request_timeout, phase_time_limit_s=args.phase_time_limit,
-                          length_control=args.length_control, metrics_urls=tuple(args.metrics_url),
-                          batch_metric=args.batch_metric, show_progress=show_progress)
+    config = OnlineConfig(
+        base_url=args.url,
+        model=model,
+        max_concurrency=args.max_concurrency,
+        request_timeout_s=args.request_timeout,
+        phase_time_limit_s=args.phase_time_limit,
+        length_control=args.length_control,
+        metrics_urls=tuple(args.metrics_url),
+        batch_metric=args.batch_metric,
+        show_progress=show_progress,
+    )
     report = bench_url(config, workload, rates, args.prompt_format, out_dir)
     print((Path(out_dir) / "summary.md").read_text())
     return 0 if all(s["num_errors"] == 0 for s in report["summary"]) else 1

@@ -22,8 +22,12 @@ def _pyplot():
 def write_plots(out_dir: Path, report: dict) -> list[str]:
     """Draw every plot the data allows; returns the file names written (relative to out_dir)."""
     written = []
-    for name, draw in (("throughput_vs_load.png", _throughput), ("ttft_cdf.png", _ttft_cdf),
-                       ("itl_cdf.png", _itl_cdf), ("batch_size.png", _batch_size)):
+    for name, draw in (
+        ("throughput_vs_load.png", _throughput),
+        ("ttft_cdf.png", _ttft_cdf),
+        ("itl_cdf.png", _itl_cdf),
+        ("batch_size.png", _batch_size),
+    ):
         if draw(out_dir / name, report):
             written.append(name)
     return written
@@ -76,8 +80,13 @@ def _cdf(path: Path, report: dict, values_of, xlabel: str, title: str) -> bool:
 
 
 def _ttft_cdf(path: Path, report: dict) -> bool:
-    return _cdf(path, report, lambda reqs: [r["ttft_s"] for r in reqs if r["ok"] and r["ttft_s"] is not None],
-                "time to first token (ms)", "TTFT CDF")
+    return _cdf(
+        path,
+        report,
+        lambda reqs: [r["ttft_s"] for r in reqs if r["ok"] and r["ttft_s"] is not None],
+        "time to first token (ms)",
+        "TTFT CDF",
+    )
 
 
 def _itl_cdf(path: Path, report: dict) -> bool:

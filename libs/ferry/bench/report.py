@@ -49,12 +49,21 @@ def summarize(phase: PhaseResult) -> dict:
 
 def request_rows(results: list[CallResult]) -> list[dict]:
     """Per-request raw data for bench.json (enough to redraw every plot)."""
-    return [{
-        "index": r.index, "ok": r.ok, "error": r.error,
-        "sent_at_s": _round(r.sent_at_s), "ttft_s": _round(r.ttft_s), "e2e_s": _round(r.e2e_s),
-        "num_prompt_tokens": r.num_prompt_tokens, "num_output_tokens": r.num_output_tokens,
-        "finish_reason": r.finish_reason, "chunk_times_s": [_round(t) for t in r.chunk_times_s],
-    } for r in results]
+    return [
+        {
+            "index": r.index,
+            "ok": r.ok,
+            "error": r.error,
+            "sent_at_s": _round(r.sent_at_s),
+            "ttft_s": _round(r.ttft_s),
+            "e2e_s": _round(r.e2e_s),
+            "num_prompt_tokens": r.num_prompt_tokens,
+            "num_output_tokens": r.num_output_tokens,
+            "finish_reason": r.finish_reason,
+            "chunk_times_s": [_round(t) for t in r.chunk_times_s],
+        }
+        for r in results
+    ]
 
 
 def _round(value: float | None) -> float | None:
@@ -68,10 +77,16 @@ def build_report(meta: dict, phases: list[PhaseResult]) -> dict:
     return {
         "meta": meta,
         "summary": [summarize(p) for p in phases],
-        "phases": [{"name": p.name, "offered_rps": None if math.isinf(p.rate_rps) else p.rate_rps,
-                    "scheduled_s": [_round(t) for t in p.scheduled_s],
-                    "batch_samples": [[_round(t), v] for t, v in p.batch_samples],
-                    "requests": request_rows(p.results)} for p in phases],
+        "phases": [
+            {
+                "name": p.name,
+                "offered_rps": None if math.isinf(p.rate_rps) else p.rate_rps,
+                "scheduled_s": [_round(t) for t in p.scheduled_s],
+                "batch_samples": [[_round(t), v] for t, v in p.batch_samples],
+                "requests": request_rows(p.results),
+            }
+            for p in phases
+        ],
     }
 
 
@@ -83,26 +98,41 @@ def fmt(value: float | None, digits: int = 1) -> str:
 def markdown_summary(report: dict, plot_names: list[str]) -> str:
     """A short human summary: one table row per phase, then the plots."""
     meta = report["meta"]
-    lines = [f"# ferry bench — {meta.get('target', '?')}", "",
-             f"model `{meta.get('model')}`, {meta.get('num_requests')} requests per phase, seed {meta.get('seed')}, "
-             f"workload `{meta.get('workload')}`, max concurrency {meta.get('max_concurrency')}.", "",
-             "| phase | offered req/s | ok/total | out tok/s | req/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 "
-             "| ITL p99 | E2E p99 | mean batch |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# ferry bench — {meta.get('target', '?')}",
+        "",
+        f"model `{meta.get('model')}`, {meta.get('num_requests')} requests per phase, seed {meta.get('seed')}, "
+        f"workload `{meta.get('workload')}`, max concurrency {meta.get('max_concurrency')}.",
+        "",
+        "| phase | offered req/s | ok/total | out tok/s | req/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 "
+        "| ITL p99 | E2E p99 | mean batch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in report["summary"]:
         offered = "all at once" if s["all_at_once"] else fmt(s["offered_rps"], 2)
         lines.append(
             f"| {s['name']} | {offered} | {s['num_ok']}/{s['num_requests']} | {fmt(s['output_tokens_per_s'])} "
             f"| {fmt(s['requests_per_s'], 2)} | {fmt(s['ttft_ms']['p50'])} | {fmt(s['ttft_ms']['p99'])} "
             f"| {fmt(s['tpot_ms']['p50'])} | {fmt(s['tpot_ms']['p99'])} | {fmt(s['itl_ms']['p99'])} "
-            f"| {fmt(s['e2e_ms']['p99'])} | {fmt(s['mean_batch_size'])} |")
-    lines += ["", "Latencies in ms. TPOT = (last token - first token) / (tokens - 1) per request; "
-              "ITL = gaps between streamed chunks.", ""]
-    silent = [f"{s['name']}: {s['num_ok_without_streamed_text']}" for s in report["summary"]
-              if s["num_ok_without_streamed_text"]]
+            f"| {fmt(s['e2e_ms']['p99'])} | {fmt(s['mean_batch_size'])} |"
+        )
+    lines += [
+        "",
+        "Latencies in ms. TPOT = (last token - first token) / (tokens - 1) per request; "
+        "ITL = gaps between streamed chunks.",
+        "",
+    ]
+    silent = [
+        f"{s['name']}: {s['num_ok_without_streamed_text']}"
+        for s in report["summary"]
+        if s["num_ok_without_streamed_text"]
+    ]
     if silent:
-        lines += ["Requests that finished (usage counts their tokens) but streamed no text, so have no "
-                  "TTFT/TPOT: " + ", ".join(silent), ""]
+        lines += [
+            "Requests that finished (usage counts their tokens) but streamed no text, so have no "
+            "TTFT/TPOT: " + ", ".join(silent),
+            "",
+        ]
     errors = [(s["name"], e) for s in report["summary"] for e in s["errors"]]
     if errors:
         lines += ["Errors (first distinct ones):"] + [f"- {name}: {err}" for name, err in errors] + [""]

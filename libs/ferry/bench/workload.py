@@ -44,8 +44,9 @@ class WorkloadConfig:
         if not 0 <= self.first_token_id < self.vocab_size:
             raise ValueError(f"WorkloadConfig.first_token_id={self.first_token_id}: must be in [0, vocab_size)")
         if not 0 <= self.shared_prefix_len < self.max_prompt_len:
-            raise ValueError(f"WorkloadConfig.shared_prefix_len={self.shared_prefix_len}: must be in "
-                             f"[0, max_prompt_len)")
+            raise ValueError(
+                f"WorkloadConfig.shared_prefix_len={self.shared_prefix_len}: must be in [0, max_prompt_len)"
+            )
 
 
 @dataclass(slots=True)
@@ -93,5 +94,9 @@ def percentile_ms(values_s: list[float], q: float) -> float | None:
 def latency_summary(values_s: list[float]) -> dict:
     """p50 / p99 / mean in ms of a list of seconds."""
     mean = float(np.mean(values_s)) * 1000.0 if values_s else None
-    return {"p50": percentile_ms(values_s, 50), "p99": percentile_ms(values_s, 99), "mean": mean,
-            "count": len(values_s)}
+    return {
+        "p50": percentile_ms(values_s, 50),
+        "p99": percentile_ms(values_s, 99),
+        "mean": mean,
+        "count": len(values_s),
+    }

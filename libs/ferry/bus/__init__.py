@@ -17,7 +17,18 @@ from ferry.bus.workqueue import (
 )
 
 __all__ = [
-    "connect", "drain_or_close", "raise_if_cancelled", "run_service", "BusError", "EndpointStats", "Service", "WorkConsumer", "WorkItem",
-    "delete_work_consumer", "ensure_work_consumer", "ensure_work_stream", "publish_work",
+    "BusError",
+    "EndpointStats",
+    "Service",
+    "WorkConsumer",
+    "WorkItem",
+    "connect",
+    "delete_work_consumer",
+    "drain_or_close",
+    "ensure_work_consumer",
+    "ensure_work_stream",
+    "publish_work",
+    "raise_if_cancelled",
+    "run_service",
     "work_stream_config",
 ]

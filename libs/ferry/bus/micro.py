@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.nuid import NUID
 from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER
 from nats.micro.service import (
     EndpointInfo,
@@ -27,11 +26,12 @@ from nats.micro.service import (
     control_subject,
 )
 from nats.micro.service import EndpointStats as MicroEndpointStats
+from nats.nuid import NUID
 
 if TYPE_CHECKING:
     from ferry.bus.service import Service
 
-__all__ = ["ERROR_CODE_HEADER", "ERROR_HEADER", "Control", "control_subject", "ServiceVerb"]
+__all__ = ["ERROR_CODE_HEADER", "ERROR_HEADER", "Control", "ServiceVerb", "control_subject"]
 
 log = logging.getLogger("ferry.bus")
 
@@ -82,8 +82,14 @@ class Control:
             EndpointInfo(name=e.name, subject=e.subject, queue_group=e.queue_group, metadata={"kind": e.kind})
             for e in s.stats().values()
         ]
-        return ServiceInfo(name=s.name, id=self.id, version=s.version, description=s.description,
-                           endpoints=endpoints, metadata=s.metadata).to_dict()
+        return ServiceInfo(
+            name=s.name,
+            id=self.id,
+            version=s.version,
+            description=s.description,
+            endpoints=endpoints,
+            metadata=s.metadata,
+        ).to_dict()
 
     def stats(self) -> dict:
         s = self.service
@@ -100,5 +106,6 @@ class Control:
             )
             for e in s.stats().values()
         ]
-        return ServiceStats(id=self.id, name=s.name, version=s.version, started=self.started,
-                            endpoints=endpoints, metadata=s.metadata).to_dict()
+        return ServiceStats(
+            id=self.id, name=s.name, version=s.version, started=self.started, endpoints=endpoints, metadata=s.metadata
+        ).to_dict()

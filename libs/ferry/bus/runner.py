@@ -104,8 +104,9 @@ async def _wait(stop: asyncio.Event, tasks: list[asyncio.Task]) -> int:
         stopper.cancel()
 
 
-async def _shutdown(nc: Client, service: Service, tasks: list[asyncio.Task],
-                    on_shutdown: Callable[[], Awaitable[None]] | None) -> None:
+async def _shutdown(
+    nc: Client, service: Service, tasks: list[asyncio.Task], on_shutdown: Callable[[], Awaitable[None]] | None
+) -> None:
     await service.stop()
     if on_shutdown is not None:
         try:

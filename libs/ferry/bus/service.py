@@ -142,8 +142,9 @@ def _name_from_subject(subject: str) -> str:
 class Service:
     """A named NATS micro service holding typed endpoints and subscriptions."""
 
-    def __init__(self, name: str, version: str = "0.1.0", description: str = "",
-                 metadata: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, version: str = "0.1.0", description: str = "", metadata: dict[str, str] | None = None
+    ) -> None:
         if not _NAME_RE.match(name):
             raise ValueError(f"name={name!r} must be letters, digits, '-' or '_'")
         if not _SEMVER_RE.match(version):
@@ -163,13 +164,25 @@ class Service:
         """This instance's micro id (assigned by `start`)."""
         return self._control.id if self._control else ""
 
-    def endpoint(self, subject: str, request_type: type[M], handler: Callable[[M], Awaitable[Any]],
-                 queue: str | None = None, name: str | None = None) -> None:
+    def endpoint(
+        self,
+        subject: str,
+        request_type: type[M],
+        handler: Callable[[M], Awaitable[Any]],
+        queue: str | None = None,
+        name: str | None = None,
+    ) -> None:
         """Request/reply: `handler(request) -> reply message`. Replicas share a queue group."""
         self._add("endpoint", subject, request_type, handler, queue or self.name, name)
 
-    def subscribe(self, subject: str, msg_type: type[M], handler: Callable[[M], Awaitable[None]],
-                  queue: str | None = None, name: str | None = None) -> None:
+    def subscribe(
+        self,
+        subject: str,
+        msg_type: type[M],
+        handler: Callable[[M], Awaitable[None]],
+        queue: str | None = None,
+        name: str | None = None,
+    ) -> None:
         """Pub/sub: `handler(msg) -> None`. Without `queue` every replica gets every message."""
         self._add("subscription", subject, msg_type, handler, queue or "", name)
 
@@ -197,8 +210,13 @@ class Service:
         self._control = micro.Control(nc, self)
         await self._control.start()
         await nc.flush()
-        log.info("service %s %s started (id %s): %s", self.name, self.version, self.id,
-                 ", ".join(h.stats.subject for h in self._handlers.values()))
+        log.info(
+            "service %s %s started (id %s): %s",
+            self.name,
+            self.version,
+            self.id,
+            ", ".join(h.stats.subject for h in self._handlers.values()),
+        )
 
     async def stop(self) -> None:
         """Drain every subscription (in-flight handlers finish), then leave `$SRV.*`. Idempotent."""

@@ -65,8 +65,7 @@ async def ensure_work_stream(js: JetStreamContext, storage: StorageType = Storag
 
 async def publish_work(js: JetStreamContext, role: str, worker_id: str, msg: Any, timeout_s: float = 5.0) -> int:
     """Queue `msg` for one worker; returns its stream sequence once JetStream has stored it."""
-    ack = await js.publish(subjects.work(role, worker_id), encode(msg), timeout=timeout_s,
-                           stream=subjects.WORK_STREAM)
+    ack = await js.publish(subjects.work(role, worker_id), encode(msg), timeout=timeout_s, stream=subjects.WORK_STREAM)
     return ack.seq
 
 

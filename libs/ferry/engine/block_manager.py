@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from ferry.protocol import hash_block
-
 from ferry.engine.sequence import Sequence
+from ferry.protocol import hash_block
 
 
 @dataclass(slots=True)

@@ -43,16 +43,28 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _require(self.block_size >= 1, "block_size", self.block_size, "must be >= 1")
-        _require(self.num_kv_blocks is None or self.num_kv_blocks >= 1, "num_kv_blocks",
-                 self.num_kv_blocks, "must be >= 1 or None")
+        _require(
+            self.num_kv_blocks is None or self.num_kv_blocks >= 1,
+            "num_kv_blocks",
+            self.num_kv_blocks,
+            "must be >= 1 or None",
+        )
         _require(self.kv_cache_memory_gb > 0, "kv_cache_memory_gb", self.kv_cache_memory_gb, "must be > 0")
         _require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "must be >= 1")
-        _require(self.max_num_batched_tokens >= self.max_num_seqs, "max_num_batched_tokens",
-                 self.max_num_batched_tokens, f"must be >= max_num_seqs ({self.max_num_seqs})")
+        _require(
+            self.max_num_batched_tokens >= self.max_num_seqs,
+            "max_num_batched_tokens",
+            self.max_num_batched_tokens,
+            f"must be >= max_num_seqs ({self.max_num_seqs})",
+        )
         _require(self.batching in BATCHING_MODES, "batching", self.batching, f"must be one of {BATCHING_MODES}")
         _require(self.role in ENGINE_ROLES, "role", self.role, f"must be one of {ENGINE_ROLES}")
-        _require(self.kv_cache_dtype is None or self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
-                 self.kv_cache_dtype, f"must be None or one of {KV_CACHE_DTYPES}")
+        _require(
+            self.kv_cache_dtype is None or self.kv_cache_dtype in KV_CACHE_DTYPES,
+            "kv_cache_dtype",
+            self.kv_cache_dtype,
+            f"must be None or one of {KV_CACHE_DTYPES}",
+        )
 
 
 def _require(ok: bool, name: str, value: object, problem: str) -> None:

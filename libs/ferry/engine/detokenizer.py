@@ -21,8 +21,7 @@ class Decoder(Protocol):
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Decoder, prompt_token_ids: list[int],
-                 skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer: Decoder, prompt_token_ids: list[int], skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
         self._ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])

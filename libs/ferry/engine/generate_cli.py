@@ -38,9 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size (default: 1 GiB)")
     parser.add_argument("--no-prefix-caching", action="store_true")
-    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=None,
-                        help="KV cache dtype (default: the model's); bfloat16 halves KV memory and CPU decode "
-                             "attention's reads, rounding keys and values once when written")
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default=None,
+        help="KV cache dtype (default: the model's); bfloat16 halves KV memory and CPU decode "
+        "attention's reads, rounding keys and values once when written",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,12 +62,24 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError(f"--model {args.model}: no such checkpoint folder")
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts_file)
     try:
-        sampling = SamplingParams(max_tokens=args.max_tokens, min_tokens=args.min_tokens,
-                                  temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                  min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos, stop=args.stop)
-        config = EngineConfig(max_num_seqs=args.max_num_seqs, num_kv_blocks=args.num_kv_blocks,
-                              batching=args.batching, enable_prefix_caching=not args.no_prefix_caching,
-                              kv_cache_dtype=args.kv_cache_dtype)
+        sampling = SamplingParams(
+            max_tokens=args.max_tokens,
+            min_tokens=args.min_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p,
+            seed=args.seed,
+            ignore_eos=args.ignore_eos,
+            stop=args.stop,
+        )
+        config = EngineConfig(
+            max_num_seqs=args.max_num_seqs,
+            num_kv_blocks=args.num_kv_blocks,
+            batching=args.batching,
+            enable_prefix_caching=not args.no_prefix_caching,
+            kv_cache_dtype=args.kv_cache_dtype,
+        )
     except ValueError as exc:
         raise InputError(str(exc)) from None
     engine = _load_engine(args.model, config)
@@ -132,8 +148,11 @@ def generate(engine, prompts: list, sampling, progress: bool = False) -> list[di
                 result["token_ids"] += out.new_token_ids
                 result["text"] += out.text
                 if out.finish_reason is not None:
-                    result.update(finish_reason=out.finish_reason, num_prompt_tokens=out.num_prompt_tokens,
-                                  num_cached_tokens=out.num_cached_tokens)
+                    result.update(
+                        finish_reason=out.finish_reason,
+                        num_prompt_tokens=out.num_prompt_tokens,
+                        num_cached_tokens=out.num_cached_tokens,
+                    )
                     bar.update(1)
     return results
 

@@ -31,8 +31,12 @@ class LLMEngine:
         num_blocks = config.num_kv_blocks or self._blocks_for_memory(lm, config)
         self.runner = ModelRunner(lm, num_blocks, config.block_size, config.device, _kv_dtype(config))
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   static_batching=config.batching == "static")
+        self.scheduler = Scheduler(
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            static_batching=config.batching == "static",
+        )
         self.max_model_len = lm.config.max_position_embeddings
         self.generator = torch.Generator().manual_seed(config.seed)
         self._requests: dict[str, RequestState] = {}
@@ -40,7 +44,7 @@ class LLMEngine:
         self._num_computed_tokens = self._num_steps = self._num_generated = self._num_scheduled = 0
 
     @classmethod
-    def from_model_path(cls, path: str | Path, config: EngineConfig | None = None) -> "LLMEngine":
+    def from_model_path(cls, path: str | Path, config: EngineConfig | None = None) -> LLMEngine:
         config = config or EngineConfig()
         return cls(load_model(path, device=config.device, dtype=config.dtype), config)
 
@@ -58,8 +62,14 @@ class LLMEngine:
         return self.lm.tokenizer
 
     # ---- requests ----------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                    output_token_ids: list[int] | tuple[int, ...] = (), arrival_time: float | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        output_token_ids: list[int] | tuple[int, ...] = (),
+        arrival_time: float | None = None,
+    ) -> None:
         state = self._new_state(request_id, prompt_token_ids, output_token_ids, sampling, arrival_time)
         self._requests[request_id] = state
         self.scheduler.add(state.seq)
@@ -132,12 +142,21 @@ class LLMEngine:
     def can_admit(self, num_tokens: int) -> bool:
         """Room for a sequence of num_tokens (+1 to decode) now, in blocks and in the batch cap."""
         num_seqs = len(self.scheduler.running) + len(self.scheduler.waiting)
-        return (num_seqs < self.config.max_num_seqs
-                and self.block_manager.blocks_for(num_tokens + 1) <= self.block_manager.num_free_blocks)
+        return (
+            num_seqs < self.config.max_num_seqs
+            and self.block_manager.blocks_for(num_tokens + 1) <= self.block_manager.num_free_blocks
+        )
 
-    def add_prefilled(self, request_id: str, prompt_token_ids: list[int], output_token_ids: list[int],
-                      sampling: SamplingParams, kv_data: torch.Tensor, num_kv_tokens: int,
-                      count_as_cached: bool = False) -> None:
+    def add_prefilled(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        output_token_ids: list[int],
+        sampling: SamplingParams,
+        kv_data: torch.Tensor,
+        num_kv_tokens: int,
+        count_as_cached: bool = False,
+    ) -> None:
         """Join a sequence whose first num_kv_tokens tokens' KV is kv_data [n, *block_shape].
 
         count_as_cached: the KV is a reused prefix (from the store), not this request's own
@@ -171,18 +190,29 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         sched, bm = self.scheduler, self.block_manager
         return EngineStats(
-            num_running=len(sched.running), num_waiting=len(sched.waiting),
+            num_running=len(sched.running),
+            num_waiting=len(sched.waiting),
             num_queued_prefill_tokens=sched.num_queued_prefill_tokens(),
-            kv_blocks_used=bm.num_used_blocks, kv_blocks_total=bm.num_blocks,
-            num_computed_tokens=self._num_computed_tokens, num_cached_tokens=bm.num_hit_tokens,
-            num_preemptions=sched.num_preemptions, num_steps=self._num_steps,
-            num_generated_tokens=self._num_generated, num_pinned=len(self._pinned),
+            kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_total=bm.num_blocks,
+            num_computed_tokens=self._num_computed_tokens,
+            num_cached_tokens=bm.num_hit_tokens,
+            num_preemptions=sched.num_preemptions,
+            num_steps=self._num_steps,
+            num_generated_tokens=self._num_generated,
+            num_pinned=len(self._pinned),
             mean_batch_size=self._num_scheduled / max(self._num_steps, 1),
         )
 
     # ---- internals ---------------------------------------------------------------------------
-    def _new_state(self, request_id: str, prompt_token_ids: list[int], output_token_ids, sampling: SamplingParams,
-                   arrival_time: float | None) -> RequestState:
+    def _new_state(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        output_token_ids,
+        sampling: SamplingParams,
+        arrival_time: float | None,
+    ) -> RequestState:
         if request_id in self._requests or request_id in self._pinned:
             raise ValueError(f"request_id={request_id!r}: already in the engine")
         if not prompt_token_ids:
@@ -195,19 +225,28 @@ class LLMEngine:
         if bad is not None:  # an embedding lookup would raise mid-step and take the whole batch down
             raise ValueError(f"prompt_token_ids: token id {bad!r} is outside the vocabulary [0, {vocab})")
         if len(tokens) >= self.max_model_len:
-            raise ValueError(f"prompt_token_ids: {len(tokens)} tokens leave no room in the model's "
-                             f"{self.max_model_len}-token context")
-        seq = Sequence(request_id, tokens, len(prompt_token_ids), sampling,
-                       arrival_time=time.time() if arrival_time is None else arrival_time,
-                       num_prior_output_tokens=len(output_token_ids))
+            raise ValueError(
+                f"prompt_token_ids: {len(tokens)} tokens leave no room in the model's "
+                f"{self.max_model_len}-token context"
+            )
+        seq = Sequence(
+            request_id,
+            tokens,
+            len(prompt_token_ids),
+            sampling,
+            arrival_time=time.time() if arrival_time is None else arrival_time,
+            num_prior_output_tokens=len(output_token_ids),
+        )
         tokenizer = self.lm.tokenizer if self.config.detokenize else None
         state = RequestState(seq, tokenizer, self.lm.eos_token_ids, self.max_model_len)
         seq.max_num_tokens = state.max_num_tokens
         if state.finished_before_start:
             raise ValueError(f"sampling.max_tokens={sampling.max_tokens}: already reached by output_token_ids")
         if self.block_manager.blocks_for(state.max_num_tokens) > self.block_manager.num_blocks:
-            raise ValueError(f"sampling.max_tokens={sampling.max_tokens}: prompt + output need more KV blocks "
-                             f"than the pool's {self.block_manager.num_blocks}")
+            raise ValueError(
+                f"sampling.max_tokens={sampling.max_tokens}: prompt + output need more KV blocks "
+                f"than the pool's {self.block_manager.num_blocks}"
+            )
         return state
 
     @staticmethod

@@ -10,8 +10,7 @@ from ferry.protocol import TokenLogprob
 
 
 class RequestState:
-    def __init__(self, seq: Sequence, tokenizer: Decoder | None, eos_token_ids: list[int],
-                 max_model_len: int) -> None:
+    def __init__(self, seq: Sequence, tokenizer: Decoder | None, eos_token_ids: list[int], max_model_len: int) -> None:
         self.seq = seq
         sp = seq.sampling
         self._stop_ids = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos_token_ids))
@@ -60,8 +59,16 @@ class RequestState:
 
     def output(self, token_ids: list[int], text: str, logprobs: list[TokenLogprob] | None) -> RequestOutput:
         seq = self.seq
-        return RequestOutput(seq.request_id, seq.num_output_tokens - len(token_ids), token_ids, text, logprobs,
-                             seq.finish_reason, seq.num_prompt_tokens, seq.num_cached_tokens)
+        return RequestOutput(
+            seq.request_id,
+            seq.num_output_tokens - len(token_ids),
+            token_ids,
+            text,
+            logprobs,
+            seq.finish_reason,
+            seq.num_prompt_tokens,
+            seq.num_cached_tokens,
+        )
 
 
 def _detokenizer(tokenizer: Decoder, seq: Sequence, stops: StopStringFilter) -> IncrementalDetokenizer:

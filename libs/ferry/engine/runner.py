@@ -10,8 +10,14 @@ from ferry.model import AttentionMetadata, LoadedModel
 
 
 class ModelRunner:
-    def __init__(self, lm: LoadedModel, num_blocks: int, block_size: int, device: str = "cpu",
-                 kv_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        lm: LoadedModel,
+        num_blocks: int,
+        block_size: int,
+        device: str = "cpu",
+        kv_dtype: torch.dtype | None = None,
+    ) -> None:
         """kv_dtype: the KV cache's dtype; None: the model's."""
         self.lm = lm
         self.device = device
@@ -30,8 +36,9 @@ class ModelRunner:
             input_ids.extend(seq.token_ids[start : start + num_new])
             positions.extend(range(start, start + num_new))
             context_lens.append(start)
-        meta = AttentionMetadata.build(batch.num_new_tokens, context_lens, [s.block_ids for s in batch.seqs],
-                                       self.block_size, self.device)
+        meta = AttentionMetadata.build(
+            batch.num_new_tokens, context_lens, [s.block_ids for s in batch.seqs], self.block_size, self.device
+        )
         ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)  # [T]
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)  # [T]
         return self.lm.model(ids, pos, meta, self.kv)

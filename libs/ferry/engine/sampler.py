@@ -41,8 +41,9 @@ class SampleResult:
 _SEED_MASK = (1 << 63) - 1
 
 
-def sample(logits: torch.Tensor, requests: list[SampleRequest],
-           generator: torch.Generator | None = None) -> SampleResult:
+def sample(
+    logits: torch.Tensor, requests: list[SampleRequest], generator: torch.Generator | None = None
+) -> SampleResult:
     """logits: [B, V] float32, one row per request."""
     if all(_is_plain_greedy(r) for r in requests):  # the common serving case: one argmax, no copies
         return SampleResult(logits.argmax(dim=-1).tolist(), [None] * len(requests))
@@ -62,8 +63,14 @@ def sample(logits: torch.Tensor, requests: list[SampleRequest],
 def _is_plain_greedy(req: SampleRequest) -> bool:
     """Greedy with nothing that changes the logits first and no logprobs to compute."""
     sp = req.sampling
-    return (sp.is_greedy and not req.blocked_token_ids and sp.logprobs is None and sp.repetition_penalty == 1.0
-            and not sp.presence_penalty and not sp.frequency_penalty)
+    return (
+        sp.is_greedy
+        and not req.blocked_token_ids
+        and sp.logprobs is None
+        and sp.repetition_penalty == 1.0
+        and not sp.presence_penalty
+        and not sp.frequency_penalty
+    )
 
 
 def _apply_penalties(logits: torch.Tensor, requests: list[SampleRequest]) -> None:
@@ -87,8 +94,9 @@ def _block_tokens(logits: torch.Tensor, requests: list[SampleRequest]) -> None:
             logits[i, list(req.blocked_token_ids)] = float("-inf")
 
 
-def _sample_random(logits: torch.Tensor, requests: list[SampleRequest],
-                   generator: torch.Generator | None) -> torch.Tensor:
+def _sample_random(
+    logits: torch.Tensor, requests: list[SampleRequest], generator: torch.Generator | None
+) -> torch.Tensor:
     """logits: [R, V] of the non-greedy rows -> [R] token ids."""
     temps = torch.tensor([r.sampling.temperature for r in requests], dtype=logits.dtype, device=logits.device)
     logits = logits / temps.unsqueeze(1)
@@ -119,8 +127,9 @@ def _filter_top_k_top_p(logits: torch.Tensor, requests: list[SampleRequest]) -> 
     logits.scatter_(1, order, sorted_logits.masked_fill(drop, float("-inf")))
 
 
-def _exponential_noise(probs: torch.Tensor, requests: list[SampleRequest],
-                       generator: torch.Generator | None) -> torch.Tensor:
+def _exponential_noise(
+    probs: torch.Tensor, requests: list[SampleRequest], generator: torch.Generator | None
+) -> torch.Tensor:
     """[R, V] Exp(1) noise. Seeded rows come from a CPU generator, so a seed gives the same
     tokens on any device; `generator` (a CPU one) serves the rest on CPU, the device RNG elsewhere."""
     on_cpu = probs.device.type == "cpu"

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ferry.engine.block_manager import BlockManager
-from ferry.engine.sequence import Sequence, SeqStatus
+from ferry.engine.sequence import SeqStatus, Sequence
 
 
 @dataclass(slots=True)
@@ -36,8 +36,9 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 static_batching: bool = False) -> None:
+    def __init__(
+        self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, static_batching: bool = False
+    ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

@@ -38,6 +38,20 @@ def use_triton(t: torch.Tensor) -> bool:
     return choice == "triton" or (choice == "auto" and t.is_cuda)
 
 
-__all__ = ["CHUNK_MAX_TOKENS", "causal_mask", "cpu_kernels_enabled", "decode_plan", "fused_chunk_attention", "fused_decode_enabled",
-           "fused_paged_decode_attention", "gather_seq", "paged_decode_attention", "prefill_attention", "rms_norm",
-           "rotary_", "silu_and_mul", "use_triton", "write_kv"]
+__all__ = [
+    "CHUNK_MAX_TOKENS",
+    "causal_mask",
+    "cpu_kernels_enabled",
+    "decode_plan",
+    "fused_chunk_attention",
+    "fused_decode_enabled",
+    "fused_paged_decode_attention",
+    "gather_seq",
+    "paged_decode_attention",
+    "prefill_attention",
+    "rms_norm",
+    "rotary_",
+    "silu_and_mul",
+    "use_triton",
+    "write_kv",
+]

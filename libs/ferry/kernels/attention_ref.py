@@ -29,8 +29,9 @@ def gather_seq(cache: torch.Tensor, blocks: torch.Tensor, seq_len: int) -> torch
     return cache[used].flatten(0, 1)[:seq_len]
 
 
-def _gather_heads(cache: torch.Tensor, flat_blocks: torch.Tensor, batch: int,
-                  scratch: torch.Tensor | None = None) -> torch.Tensor:
+def _gather_heads(
+    cache: torch.Tensor, flat_blocks: torch.Tensor, batch: int, scratch: torch.Tensor | None = None
+) -> torch.Tensor:
     """cache [N, bs, Hkv, D], flat_blocks [B*M] -> [Hkv, B, M*bs, D], contiguous; written into
     scratch (a flat buffer reused step after step) when given and big enough."""
     heads = cache.permute(2, 0, 1, 3)  # [Hkv, N, bs, D]
@@ -58,8 +59,13 @@ class DecodeBucket:
     """[b, M*block_size] additive mask: -inf on key slots a sequence must not see."""
 
 
-def decode_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
-                window: int | None = None, dtype: torch.dtype = torch.float32) -> list[DecodeBucket]:
+def decode_plan(
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_size: int,
+    window: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> list[DecodeBucket]:
     """What every layer's decode attention shares in one step. Sequences are grouped by length so
     each group is padded only to its own longest member (padding a batch to its single longest
     sequence made short sequences pay for long ones); groups are chosen to minimise padded slots
@@ -98,8 +104,15 @@ def _length_groups(cols: list[int], block_size: int) -> list[tuple[int, int]]:
     return groups[::-1]
 
 
-def _bucket(rows: torch.Tensor | None, tables: torch.Tensor, seq_lens: torch.Tensor, num_cols: int,
-            block_size: int, window: int | None, dtype: torch.dtype) -> DecodeBucket:
+def _bucket(
+    rows: torch.Tensor | None,
+    tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_cols: int,
+    block_size: int,
+    window: int | None,
+    dtype: torch.dtype,
+) -> DecodeBucket:
     key_pos = torch.arange(num_cols * block_size, device=seq_lens.device)
     hidden = key_pos[None, :] >= seq_lens[:, None]  # [b, S]
     if window is not None:
@@ -109,15 +122,24 @@ def _bucket(rows: torch.Tensor | None, tables: torch.Tensor, seq_lens: torch.Ten
 
 
 def _is_prefix_slice(v_cache: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    return (v_cache.data_ptr() == k_cache.data_ptr() and v_cache.shape[:3] == k_cache.shape[:3]
-            and v_cache.stride() == k_cache.stride())
+    return (
+        v_cache.data_ptr() == k_cache.data_ptr()
+        and v_cache.shape[:3] == k_cache.shape[:3]
+        and v_cache.stride() == k_cache.stride()
+    )
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           window: int | None = None,
-                           plan: list[DecodeBucket] | None = None,
-                           scratch: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    plan: list[DecodeBucket] | None = None,
+    scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """One new token per sequence, already written to the cache.
 
     q [B, H, D]; k_cache [N, bs, Hkv, D]; v_cache [N, bs, Hkv, Dv]; block_tables [B, M];
@@ -125,7 +147,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     layers; scratch: two flat buffers for the gathered K and V, so no layer allocates them afresh
     -> [B, H, Dv].
     """
-    batch, heads, dim = q.shape
+    batch, heads, _ = q.shape
     if batch == 0:
         return q.new_empty(0, heads, v_cache.shape[-1])
     plan = plan or decode_plan(block_tables, seq_lens, k_cache.shape[1], window, q.dtype)
@@ -137,8 +159,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out
 
 
-def _attend_bucket(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bucket: DecodeBucket,
-                   scale: float, scratch: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+def _attend_bucket(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    bucket: DecodeBucket,
+    scale: float,
+    scratch: tuple[torch.Tensor, torch.Tensor] | None,
+) -> torch.Tensor:
     """q [b, H, D] of one bucket's sequences -> [b, H, Dv]."""
     batch, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
@@ -161,8 +189,9 @@ def _attend_bucket(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     return out.view(kv_heads, batch, group, -1).permute(1, 0, 2, 3).reshape(batch, heads, v.shape[-1])
 
 
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int,
-                      scale: float, window: int | None = None) -> torch.Tensor:
+def prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int, scale: float, window: int | None = None
+) -> torch.Tensor:
     """One sequence's chunk: q [L, H, D] at positions context_len.., k [S, Hkv, D], v [S, Hkv, Dv]
     covering positions 0..S-1 (S = context_len + L) -> [L, H, Dv]; causal, optional sliding window."""
     length, heads, _ = q.shape
@@ -181,8 +210,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context
     return out[0].transpose(0, 1)
 
 
-def causal_mask(length: int, seq_len: int, context_len: int, window: int | None,
-                device: torch.device) -> torch.Tensor:
+def causal_mask(length: int, seq_len: int, context_len: int, window: int | None, device: torch.device) -> torch.Tensor:
     """[L, S] bool: query i (position context_len+i) may see key j."""
     q_pos = torch.arange(length, device=device)[:, None] + context_len
     k_pos = torch.arange(seq_len, device=device)[None, :]

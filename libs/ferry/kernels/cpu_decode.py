@@ -26,8 +26,15 @@ log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name("csrc") / name for name in ("paged_decode.cpp", "cpu_layers.cpp")]
 HEADERS = [Path(__file__).with_name("csrc") / "cpu_math.h"]  # included by SOURCES: part of the build's identity
 # reassociation (not -ffast-math: the online softmax relies on -inf) lets reductions use vector trees
-CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
-          "-fassociative-math"]
+CFLAGS = [
+    "-O3",
+    "-march=native",
+    "-fopenmp-simd",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fno-signed-zeros",
+    "-fassociative-math",
+]
 SUPPORTED_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 _lock = threading.Lock()
@@ -47,8 +54,12 @@ def _cpu_features() -> str:
 
 def build_name() -> str:
     digest = hashlib.sha256()
-    for part in (*(f.read_bytes() for f in SOURCES + HEADERS), " ".join(CFLAGS).encode(),
-                 _cpu_features().encode(), torch.__version__.encode()):
+    for part in (
+        *(f.read_bytes() for f in SOURCES + HEADERS),
+        " ".join(CFLAGS).encode(),
+        _cpu_features().encode(),
+        torch.__version__.encode(),
+    ):
         digest.update(part)
     return f"ferry_cpu_decode_{digest.hexdigest()[:16]}"
 
@@ -62,8 +73,14 @@ def _build():
     if os.environ.get("FERRY_KERNEL_CACHE"):
         build_dir = Path(os.environ["FERRY_KERNEL_CACHE"]) / name
         build_dir.mkdir(parents=True, exist_ok=True)
-    load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=CFLAGS,
-         build_directory=build_dir and str(build_dir), is_python_module=False, verbose=False)
+    load(
+        name=name,
+        sources=[str(f) for f in SOURCES],
+        extra_cflags=CFLAGS,
+        build_directory=build_dir and str(build_dir),
+        is_python_module=False,
+        verbose=False,
+    )
     return torch.ops.ferry_cpu.paged_decode_attention
 
 
@@ -84,8 +101,11 @@ def kernel():
             try:
                 _loaded["op"] = _build()
             except Exception as exc:  # no compiler, no headers, ...: any failure means "use the reference"
-                log.warning("fused CPU decode attention unavailable, using the plain-torch path: %s: %s",
-                            type(exc).__name__, _first_error(str(exc)))
+                log.warning(
+                    "fused CPU decode attention unavailable, using the plain-torch path: %s: %s",
+                    type(exc).__name__,
+                    _first_error(str(exc)),
+                )
                 _loaded["op"] = None
         return _loaded["op"]
 
@@ -107,9 +127,15 @@ def fused_decode_enabled() -> bool:
     return cpu_kernels_enabled() and kernel() is not None
 
 
-def fused_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                 block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                                 window: int | None = None) -> torch.Tensor:
+def fused_paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
     """Same contract as attention_ref.paged_decode_attention: q [B, H, D]; k_cache [N, bs, Hkv, D];
     v_cache [N, bs, Hkv, Dv] (any strides) ; block_tables [B, M] int64; seq_lens [B] int64 -> [B, H, Dv]
     in q's dtype, accumulated in fp32."""
@@ -117,8 +143,15 @@ def fused_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     op = kernel()
     if op is None:
         raise RuntimeError("the fused CPU decode kernel could not be built (see the warning logged above)")
-    out = op(q.float().contiguous(), k_cache, v_cache, block_tables.contiguous(), seq_lens.contiguous(),
-             float(scale), int(window or 0))  # [B, H, Dv] fp32
+    out = op(
+        q.float().contiguous(),
+        k_cache,
+        v_cache,
+        block_tables.contiguous(),
+        seq_lens.contiguous(),
+        float(scale),
+        int(window or 0),
+    )  # [B, H, Dv] fp32
     return out.to(q.dtype)
 
 
@@ -128,39 +161,57 @@ vs gather + SDPA it is ~10x faster at 8 tokens, ~1.4x at 128, and ~10 % slower a
 1024-token context, where SDPA's matrix-matrix products win."""
 
 
-def fused_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
-                          context_len: int, scale: float, window: int | None = None) -> torch.Tensor:
+def fused_chunk_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    blocks: torch.Tensor,
+    context_len: int,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
     """One sequence's prefill chunk against its cache, q [L, H, D] at positions context_len.. (the chunk's own
     K/V already written) -> [L, H, Dv]. Each query row is a decode row whose sequence ends at its own
     position, which is exactly the causal (and sliding-window) mask; all rows share blocks [M], so no
     gather copy of the context is made."""
     length = q.shape[0]
     seq_lens = torch.arange(context_len + 1, context_len + length + 1, device=q.device)  # [L]
-    return fused_paged_decode_attention(q, k_cache, v_cache, blocks[None].expand(length, -1), seq_lens, scale,
-                                        window)
+    return fused_paged_decode_attention(q, k_cache, v_cache, blocks[None].expand(length, -1), seq_lens, scale, window)
 
 
 def _check(q, k_cache, v_cache, block_tables, seq_lens, window) -> None:
     """Shapes, dtypes and devices; values (lengths, block ids) are checked by the kernel."""
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
-                    ("seq_lens", seq_lens)):
+    for name, t in (
+        ("q", q),
+        ("k_cache", k_cache),
+        ("v_cache", v_cache),
+        ("block_tables", block_tables),
+        ("seq_lens", seq_lens),
+    ):
         if t.device.type != "cpu":
             raise ValueError(f"{name}: on {t.device}, the fused decode kernel runs on the CPU only")
     if q.dim() != 3 or not q.is_floating_point():
         raise ValueError(f"q: expected a floating [B, H, D] tensor, got {q.dtype} {tuple(q.shape)}")
     if k_cache.dim() != 4 or v_cache.dim() != 4 or k_cache.shape[:3] != v_cache.shape[:3]:
-        raise ValueError(f"k_cache/v_cache: expected [N, bs, Hkv, D] and [N, bs, Hkv, Dv], got "
-                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        raise ValueError(
+            f"k_cache/v_cache: expected [N, bs, Hkv, D] and [N, bs, Hkv, Dv], got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
     if k_cache.dtype not in SUPPORTED_CACHE_DTYPES or v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"k_cache/v_cache: dtypes {k_cache.dtype}/{v_cache.dtype}, expected one of "
-                         f"{SUPPORTED_CACHE_DTYPES}, both the same")
+        raise ValueError(
+            f"k_cache/v_cache: dtypes {k_cache.dtype}/{v_cache.dtype}, expected one of "
+            f"{SUPPORTED_CACHE_DTYPES}, both the same"
+        )
     batch, heads, dim = q.shape
     if k_cache.shape[3] != dim or heads % k_cache.shape[2]:
-        raise ValueError(f"q: shape {tuple(q.shape)} does not fit k_cache {tuple(k_cache.shape)} "
-                         f"(head_dim must match, heads must be a multiple of kv heads)")
+        raise ValueError(
+            f"q: shape {tuple(q.shape)} does not fit k_cache {tuple(k_cache.shape)} "
+            f"(head_dim must match, heads must be a multiple of kv heads)"
+        )
     if block_tables.dtype != torch.int64 or block_tables.dim() != 2 or block_tables.shape[0] != batch:
-        raise ValueError(f"block_tables: expected int64 [{batch}, M], got {block_tables.dtype} "
-                         f"{tuple(block_tables.shape)}")
+        raise ValueError(
+            f"block_tables: expected int64 [{batch}, M], got {block_tables.dtype} {tuple(block_tables.shape)}"
+        )
     if seq_lens.dtype != torch.int64 or tuple(seq_lens.shape) != (batch,):
         raise ValueError(f"seq_lens: expected int64 [{batch}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
     if window is not None and window < 1:

@@ -17,8 +17,10 @@ from ferry.kernels.cpu_decode import SUPPORTED_CACHE_DTYPES, fused_decode_enable
 
 def fused_ops_usable(*tensors: torch.Tensor) -> bool:
     """True when the C++ ops take these tensors: fp32 on the CPU, elements contiguous, kernels on and built."""
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors)
-            and fused_decode_enabled())
+    return (
+        all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors)
+        and fused_decode_enabled()
+    )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -51,8 +53,13 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def write_kv(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
     """cache [N, bs, H, D] slot rows slot_mapping [T] = values [T, H, D] (converted to the cache's dtype)."""
-    if (values.dim() == 3 and cache.device.type == "cpu" and cache.stride(-1) == 1
-            and cache.dtype in SUPPORTED_CACHE_DTYPES and fused_ops_usable(values)):
+    if (
+        values.dim() == 3
+        and cache.device.type == "cpu"
+        and cache.stride(-1) == 1
+        and cache.dtype in SUPPORTED_CACHE_DTYPES
+        and fused_ops_usable(values)
+    ):
         torch.ops.ferry_cpu.write_kv(cache, slot_mapping.contiguous(), values)
         return
     attention_ref.write_kv(cache, slot_mapping, values)

@@ -29,17 +29,43 @@ def _online_softmax_step(scores, valid, m, l):
 
 
 @triton.jit
-def _gqa_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, out_ptr,
-                       stride_qb, stride_qh, stride_kn, stride_ks, stride_kh, stride_vn, stride_vs, stride_vh,
-                       stride_tb, stride_ob, stride_oh, scale, window,
-                       GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_G: tl.constexpr,
-                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+def _gqa_decode_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    tables_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    stride_qb,
+    stride_qh,
+    stride_kn,
+    stride_ks,
+    stride_kh,
+    stride_vn,
+    stride_vs,
+    stride_vh,
+    stride_tb,
+    stride_ob,
+    stride_oh,
+    scale,
+    window,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
     b, kvh = tl.program_id(0), tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
     g, d, dv, s = tl.arange(0, BLOCK_G), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_SIZE)
     heads = kvh * GROUP + g
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=(g[:, None] < GROUP) & (d[None, :] < D), other=0.0)  # [BG, BD]
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+        mask=(g[:, None] < GROUP) & (d[None, :] < D),
+        other=0.0,
+    )  # [BG, BD]
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
@@ -49,26 +75,38 @@ def _gqa_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, out_ptr,
         block_id = tl.load(tables_ptr + b * stride_tb + blk).to(tl.int64)
         pos = blk * BLOCK_SIZE + s
         valid = (pos < seq_len) & (pos >= first_pos)
-        k = tl.load(k_ptr + block_id * stride_kn + s[:, None] * stride_ks + kvh * stride_kh + d[None, :],
-                    mask=valid[:, None] & (d[None, :] < D), other=0.0)  # [BS, BD]
+        k = tl.load(
+            k_ptr + block_id * stride_kn + s[:, None] * stride_ks + kvh * stride_kh + d[None, :],
+            mask=valid[:, None] & (d[None, :] < D),
+            other=0.0,
+        )  # [BS, BD]
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BG, BS]
         p, alpha, m, l = _online_softmax_step(scores, valid[None, :], m, l)
-        v = tl.load(v_ptr + block_id * stride_vn + s[:, None] * stride_vs + kvh * stride_vh + dv[None, :],
-                    mask=valid[:, None] & (dv[None, :] < DV), other=0.0)  # [BS, BDV]
+        v = tl.load(
+            v_ptr + block_id * stride_vn + s[:, None] * stride_vs + kvh * stride_vh + dv[None, :],
+            mask=valid[:, None] & (dv[None, :] < DV),
+            other=0.0,
+        )  # [BS, BDV]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     out = acc / l[:, None]
-    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dv[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=(g[:, None] < GROUP) & (dv[None, :] < DV))
+    tl.store(
+        out_ptr + b * stride_ob + heads[:, None] * stride_oh + dv[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=(g[:, None] < GROUP) & (dv[None, :] < DV),
+    )
 
 
-def _check_common(q: torch.Tensor, caches: list[torch.Tensor], block_tables: torch.Tensor,
-                  seq_lens: torch.Tensor) -> None:
+def _check_common(
+    q: torch.Tensor, caches: list[torch.Tensor], block_tables: torch.Tensor, seq_lens: torch.Tensor
+) -> None:
     if q.dim() != 3 or q.stride(-1) != 1:
         raise ValueError(f"q: need [B, H, D] with unit last stride, got {tuple(q.shape)} {q.stride()}")
     for cache in caches:
         if cache.dim() != 4 or cache.stride(-1) != 1 or cache.dtype != q.dtype or cache.device != q.device:
-            raise ValueError(f"cache: need [N, bs, Hkv, D] {q.dtype} on {q.device} with unit last stride, "
-                             f"got {tuple(cache.shape)} {cache.dtype} stride {cache.stride()}")
+            raise ValueError(
+                f"cache: need [N, bs, Hkv, D] {q.dtype} on {q.device} with unit last stride, "
+                f"got {tuple(cache.shape)} {cache.dtype} stride {cache.stride()}"
+            )
     if block_tables.dim() != 2 or block_tables.shape[0] != q.shape[0] or block_tables.stride(-1) != 1:
         raise ValueError(f"block_tables: need [B={q.shape[0]}, M] contiguous rows, got {tuple(block_tables.shape)}")
     if tuple(seq_lens.shape) != (q.shape[0],) or not seq_lens.is_contiguous():
@@ -83,9 +121,15 @@ def check_block_size(cache: torch.Tensor) -> None:
         raise ValueError(f"block_size: {block_size} must be a power of 2 (and >= 16 on GPU) for the kernels")
 
 
-def gqa_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                         window: int | None = None) -> torch.Tensor:
+def gqa_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
     """q [B, H, D]; k_cache [N, bs, Hkv, D]; v_cache [N, bs, Hkv, Dv] -> [B, H, Dv] (as the torch reference)."""
     _check_common(q, [k_cache, v_cache], block_tables, seq_lens)
     batch, heads, dim = q.shape
@@ -97,19 +141,55 @@ def gqa_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     if batch == 0:
         return out
     _gqa_decode_kernel[(batch, kv_heads)](
-        q, k_cache, v_cache, block_tables, seq_lens, out,
-        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-        block_tables.stride(0), out.stride(0), out.stride(1), scale, window or 0,
-        GROUP=heads // kv_heads, D=dim, DV=dim_v, BLOCK_G=_pow2(heads // kv_heads), BLOCK_D=_pow2(dim),
-        BLOCK_DV=_pow2(dim_v), BLOCK_SIZE=block_size)
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        out,
+        q.stride(0),
+        q.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        scale,
+        window or 0,
+        GROUP=heads // kv_heads,
+        D=dim,
+        DV=dim_v,
+        BLOCK_G=_pow2(heads // kv_heads),
+        BLOCK_D=_pow2(dim),
+        BLOCK_DV=_pow2(dim_v),
+        BLOCK_SIZE=block_size,
+    )
     return out
 
 
 @triton.jit
-def _mla_decode_kernel(q_ptr, cache_ptr, tables_ptr, seq_lens_ptr, out_ptr,
-                       stride_qb, stride_qh, stride_cn, stride_cs, stride_tb, stride_ob, stride_oh, scale,
-                       HEADS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_H: tl.constexpr,
-                       BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+def _mla_decode_kernel(
+    q_ptr,
+    cache_ptr,
+    tables_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    stride_qb,
+    stride_qh,
+    stride_cn,
+    stride_cs,
+    stride_tb,
+    stride_ob,
+    stride_oh,
+    scale,
+    HEADS: tl.constexpr,
+    RANK: tl.constexpr,
+    ROPE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
     b, hb = tl.program_id(0), tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
     h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -127,17 +207,23 @@ def _mla_decode_kernel(q_ptr, cache_ptr, tables_ptr, seq_lens_ptr, out_ptr,
         row = cache_ptr + block_id * stride_cn + s[:, None] * stride_cs
         latent = tl.load(row + c[None, :], mask=valid[:, None] & (c[None, :] < RANK), other=0.0)  # [BS, BC]
         k_pe = tl.load(row + RANK + r[None, :], mask=valid[:, None] & (r[None, :] < ROPE), other=0.0)
-        scores = (tl.dot(q_lat, tl.trans(latent), input_precision="ieee")
-                  + tl.dot(q_pe, tl.trans(k_pe), input_precision="ieee")) * scale  # [BH, BS]
+        scores = (
+            tl.dot(q_lat, tl.trans(latent), input_precision="ieee")
+            + tl.dot(q_pe, tl.trans(k_pe), input_precision="ieee")
+        ) * scale  # [BH, BS]
         p, alpha, m, l = _online_softmax_step(scores, valid[None, :], m, l)
         acc = acc * alpha[:, None] + tl.dot(p.to(latent.dtype), latent, input_precision="ieee")
     out = acc / l[:, None]
-    tl.store(out_ptr + b * stride_ob + h[:, None] * stride_oh + c[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=h_ok[:, None] & (c[None, :] < RANK))
+    tl.store(
+        out_ptr + b * stride_ob + h[:, None] * stride_oh + c[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=h_ok[:, None] & (c[None, :] < RANK),
+    )
 
 
-def mla_decode_attention(q: torch.Tensor, cache: torch.Tensor, rank: int, block_tables: torch.Tensor,
-                         seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+def mla_decode_attention(
+    q: torch.Tensor, cache: torch.Tensor, rank: int, block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Absorbed MLA decode. q [B, H, rank + rope] (latent-space query, then rope query);
     cache [N, bs, 1, rank + rope] (latent, then rope key) -> [B, H, rank] latent-space output."""
     _check_common(q, [cache], block_tables, seq_lens)
@@ -149,8 +235,25 @@ def mla_decode_attention(q: torch.Tensor, cache: torch.Tensor, rank: int, block_
         return out
     block_h = min(16, _pow2(heads))
     _mla_decode_kernel[(batch, triton.cdiv(heads, block_h))](
-        q, cache, block_tables, seq_lens, out, q.stride(0), q.stride(1), cache.stride(0), cache.stride(1),
-        block_tables.stride(0), out.stride(0), out.stride(1), scale,
-        HEADS=heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_C=_pow2(rank),
-        BLOCK_R=_pow2(width - rank), BLOCK_SIZE=cache.shape[1])
+        q,
+        cache,
+        block_tables,
+        seq_lens,
+        out,
+        q.stride(0),
+        q.stride(1),
+        cache.stride(0),
+        cache.stride(1),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        scale,
+        HEADS=heads,
+        RANK=rank,
+        ROPE=width - rank,
+        BLOCK_H=block_h,
+        BLOCK_C=_pow2(rank),
+        BLOCK_R=_pow2(width - rank),
+        BLOCK_SIZE=cache.shape[1],
+    )
     return out

@@ -14,13 +14,29 @@ from ferry.kvstore.shm_transport import ShmTransport
 from ferry.kvstore.transport import KvTransport, MemoryTransport, num_leading_present
 
 _LAZY = {
-    "BlockCorrupt": "codec", "BlockMismatch": "codec", "check_block": "codec", "decode_block": "codec",
-    "encode_block": "codec", "KvStore": "store", "KvStoreStats": "store",
+    "BlockCorrupt": "codec",
+    "BlockMismatch": "codec",
+    "check_block": "codec",
+    "decode_block": "codec",
+    "encode_block": "codec",
+    "KvStore": "store",
+    "KvStoreStats": "store",
 }
 
 __all__ = [
-    "KvStoreError", "KvStoreUnavailable", "KEY_PREFIX", "block_key", "namespace_pattern", "parse_block_key",
-    "RedisTransport", "connect_redis", "ShmTransport", "KvTransport", "MemoryTransport", "num_leading_present", *_LAZY,
+    "KvStoreError",
+    "KvStoreUnavailable",
+    "KEY_PREFIX",
+    "block_key",
+    "namespace_pattern",
+    "parse_block_key",
+    "RedisTransport",
+    "connect_redis",
+    "ShmTransport",
+    "KvTransport",
+    "MemoryTransport",
+    "num_leading_present",
+    *_LAZY,
 ]
 
 

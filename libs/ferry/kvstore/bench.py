@@ -65,22 +65,29 @@ async def measure(stores: dict[str, KvStore], num_blocks: int, repeats: int) -> 
                 await fn()
                 times[name][op].append((time.perf_counter() - start) * 1e3)
     mib = data.numel() * data.element_size() / 2**20
-    return {name: {"mib": mib, **{op: statistics.median(t) for op, t in per_op.items()}}
-            for name, per_op in times.items()}
+    return {
+        name: {"mib": mib, **{op: statistics.median(t) for op, t in per_op.items()}} for name, per_op in times.items()
+    }
 
 
 async def run(redis_url: str, block_counts: list[int], repeats: int) -> dict:
     redis = RedisTransport(redis_url)
-    shm_root = tempfile.mkdtemp(prefix="ferry-kv-bench-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
+    shm_root = tempfile.mkdtemp(prefix="ferry-kv-bench-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)  # noqa: ASYNC240
     results: dict = {"block_shape": list(BENCH_BLOCK_SHAPE), "dtype": "float32", "repeats": repeats, "rows": []}
     try:
         for n in block_counts:
-            stores = {"redis": KvStore(redis, f"bench-{n}"), "memory": KvStore(MemoryTransport(), "bench"),
-                      "shm": KvStore(ShmTransport(shm_root), f"bench-{n}")}
+            stores = {
+                "redis": KvStore(redis, f"bench-{n}"),
+                "memory": KvStore(MemoryTransport(), "bench"),
+                "shm": KvStore(ShmTransport(shm_root), f"bench-{n}"),
+            }
             row = await measure(stores, n, repeats)
             r = row["redis"]
-            row.update(num_blocks=n, pipelined_put_speedup=r["put_one_per_trip_ms"] / r["put_ms"],
-                       pipelined_get_speedup=r["get_one_per_trip_ms"] / r["get_ms"])
+            row.update(
+                num_blocks=n,
+                pipelined_put_speedup=r["put_one_per_trip_ms"] / r["put_ms"],
+                pipelined_get_speedup=r["get_one_per_trip_ms"] / r["get_ms"],
+            )
             results["rows"].append(row)
     finally:
         await redis.close()
@@ -96,10 +103,16 @@ def plot(results: dict, path: Path) -> None:
 
     ns = [r["num_blocks"] for r in results["rows"]]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for where, key, style in [("redis", "put_ms", "o-"), ("redis", "get_ms", "s-"),
-                              ("redis", "put_one_per_trip_ms", "o--"), ("redis", "get_one_per_trip_ms", "s--"),
-                              ("memory", "put_ms", "o:"), ("memory", "get_ms", "s:"),
-                              ("shm", "put_ms", "o-."), ("shm", "get_ms", "s-.")]:
+    for where, key, style in [
+        ("redis", "put_ms", "o-"),
+        ("redis", "get_ms", "s-"),
+        ("redis", "put_one_per_trip_ms", "o--"),
+        ("redis", "get_one_per_trip_ms", "s--"),
+        ("memory", "put_ms", "o:"),
+        ("memory", "get_ms", "s:"),
+        ("shm", "put_ms", "o-."),
+        ("shm", "get_ms", "s-."),
+    ]:
         ax.plot(ns, [r[where][key] for r in results["rows"]], style, label=f"{where} {key[:-3]}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -113,10 +126,12 @@ def plot(results: dict, path: Path) -> None:
 
 def _summary(row: dict) -> str:
     r, m, shm = row["redis"], row["memory"], row["shm"]
-    return (f"{row['num_blocks']:3d} blocks ({r['mib']:.2f} MiB): redis put {r['put_ms']:.2f} ms "
-            f"get {r['get_ms']:.2f} ms lookup {r['lookup_ms']:.2f} ms | one block per trip: put "
-            f"x{row['pipelined_put_speedup']:.1f} get x{row['pipelined_get_speedup']:.1f} slower | "
-            f"memory put {m['put_ms']:.2f} get {m['get_ms']:.2f} | shm put {shm['put_ms']:.2f} get {shm['get_ms']:.2f}")
+    return (
+        f"{row['num_blocks']:3d} blocks ({r['mib']:.2f} MiB): redis put {r['put_ms']:.2f} ms "
+        f"get {r['get_ms']:.2f} ms lookup {r['lookup_ms']:.2f} ms | one block per trip: put "
+        f"x{row['pipelined_put_speedup']:.1f} get x{row['pipelined_get_speedup']:.1f} slower | "
+        f"memory put {m['put_ms']:.2f} get {m['get_ms']:.2f} | shm put {shm['put_ms']:.2f} get {shm['get_ms']:.2f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

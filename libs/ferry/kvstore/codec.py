@@ -64,8 +64,9 @@ def tensor_bytes(tensor: torch.Tensor) -> np.ndarray:
     return flat.view(torch.uint8).numpy()
 
 
-def encode_header(namespace: str, dtype: torch.dtype, shape: tuple[int, ...], payload: memoryview,
-                  block_hash: bytes = _NO_HASH) -> bytes:
+def encode_header(
+    namespace: str, dtype: torch.dtype, shape: tuple[int, ...], payload: memoryview, block_hash: bytes = _NO_HASH
+) -> bytes:
     """Header for `payload` (the block's raw bytes), checksum included."""
     code = _DTYPE_CODES.get(dtype)
     if code is None:

@@ -31,7 +31,7 @@ def parse_block_key(key: str | bytes) -> tuple[str, bytes] | None:
         key = key.decode(errors="replace")
     if not key.startswith(KEY_PREFIX):
         return None
-    namespace, sep, hex_hash = key[len(KEY_PREFIX):].rpartition(":")
+    namespace, sep, hex_hash = key[len(KEY_PREFIX) :].rpartition(":")
     if not sep or len(hex_hash) != 2 * HASH_BYTES:
         return None
     try:

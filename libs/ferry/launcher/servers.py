@@ -72,30 +72,63 @@ def find_binary(name: str, fallbacks: tuple[str, ...] = ()) -> str:
     raise FileNotFoundError(f"{name} not found (looked in {', '.join(str(c) for c in candidates)})")
 
 
-def start_nats(port: int | None = None, store_dir: str | Path | None = None, host: str = "127.0.0.1",
-               binary: str | None = None) -> ServerHandle:
+def start_nats(
+    port: int | None = None, store_dir: str | Path | None = None, host: str = "127.0.0.1", binary: str | None = None
+) -> ServerHandle:
     """nats-server with JetStream; its store in `store_dir` (kept) or a temporary folder (removed by stop)."""
     binary = binary or find_binary("nats-server", ("/usr/sbin/nats-server", "/usr/local/bin/nats-server"))
     workdir, owns = _workdir("ferry-nats-", store_dir)
     port = port or free_port(host)
     log_path = workdir / "nats-server.log"
     server_name = f"ferry-{port}-{uuid.uuid4().hex[:8]}"  # tells our server from another on the port
-    cmd = [binary, "-a", host, "-p", str(port), "-js", "-sd", str(workdir / "jetstream"),
-           "-l", str(log_path), "--server_name", server_name]
+    cmd = [
+        binary,
+        "-a",
+        host,
+        "-p",
+        str(port),
+        "-js",
+        "-sd",
+        str(workdir / "jetstream"),
+        "-l",
+        str(log_path),
+        "--server_name",
+        server_name,
+    ]
     handle = _spawn("nats-server", cmd, f"nats://{host}:{port}", port, workdir, owns, log_path)
     _wait_ready(handle, host, lambda s: f'"server_name":"{server_name}"'.encode() in _read_until(s, b"\r\n"))
     return handle
 
 
-def start_redis(port: int | None = None, maxmemory: str | None = None, host: str = "127.0.0.1",
-                binary: str | None = None, data_dir: str | Path | None = None) -> ServerHandle:
+def start_redis(
+    port: int | None = None,
+    maxmemory: str | None = None,
+    host: str = "127.0.0.1",
+    binary: str | None = None,
+    data_dir: str | Path | None = None,
+) -> ServerHandle:
     """redis-server without persistence; `maxmemory` (e.g. '256mb') enables LRU eviction (allkeys-lru)."""
     binary = binary or find_binary("redis-server", ("/usr/bin/redis-server", "/usr/local/bin/redis-server"))
     workdir, owns = _workdir("ferry-redis-", data_dir)
     port = port or free_port(host)
     log_path = workdir / "redis-server.log"
-    cmd = [binary, "--bind", host, "--port", str(port), "--dir", str(workdir), "--save", "",
-           "--appendonly", "no", "--logfile", str(log_path), "--daemonize", "no"]
+    cmd = [
+        binary,
+        "--bind",
+        host,
+        "--port",
+        str(port),
+        "--dir",
+        str(workdir),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--logfile",
+        str(log_path),
+        "--daemonize",
+        "no",
+    ]
     if maxmemory:
         cmd += ["--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru"]
     handle = _spawn("redis-server", cmd, f"redis://{host}:{port}/0", port, workdir, owns, log_path)
@@ -117,8 +150,9 @@ def _spawn(name: str, cmd: list[str], url: str, port: int, workdir: Path, owns: 
     # Start-up errors go to stderr before the log file exists; a file never fills up like a pipe.
     with open(workdir / f"{name}.stderr", "wb") as stderr:
         process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
-    return ServerHandle(name=name, url=url, port=port, process=process, workdir=workdir, log_path=log_path,
-                        owns_workdir=owns)
+    return ServerHandle(
+        name=name, url=url, port=port, process=process, workdir=workdir, log_path=log_path, owns_workdir=owns
+    )
 
 
 def _read_until(s: socket.socket, marker: bytes, max_bytes: int = 65536) -> bytes:
@@ -148,8 +182,9 @@ def _wait_ready(handle: ServerHandle, host: str, answers, timeout_s: float = REA
     output = "".join(_tail(p) for p in (handle.workdir / f"{handle.name}.stderr", handle.log_path))
     exit_code = handle.process.poll()
     handle.stop()
-    raise RuntimeError(f"{handle.name} did not answer on port {handle.port} within {timeout_s}s "
-                       f"(exit code {exit_code}): {output}")
+    raise RuntimeError(
+        f"{handle.name} did not answer on port {handle.port} within {timeout_s}s (exit code {exit_code}): {output}"
+    )
 
 
 def _tail(path: Path, num_chars: int = 2000) -> str:

@@ -55,21 +55,30 @@ class Child:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, help="checkpoint folder; without it a tiny random demo model")
-    parser.add_argument("--prefill-workers", type=int, default=1, metavar="N",
-                        help="prefill worker processes (default 1)")
-    parser.add_argument("--decode-workers", type=int, default=1, metavar="M",
-                        help="decode worker processes (default 1)")
+    parser.add_argument(
+        "--prefill-workers", type=int, default=1, metavar="N", help="prefill worker processes (default 1)"
+    )
+    parser.add_argument(
+        "--decode-workers", type=int, default=1, metavar="M", help="decode worker processes (default 1)"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="gateway HTTP host")
     parser.add_argument("--port", type=int, default=8000, help="gateway HTTP port")
-    parser.add_argument("--nats-url", default=os.environ.get("NATS_URL", ""),
-                        help="use this NATS (default $NATS_URL; none: start nats-server)")
-    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", ""),
-                        help="use this Redis (default $REDIS_URL; none: start redis-server)")
+    parser.add_argument(
+        "--nats-url",
+        default=os.environ.get("NATS_URL", ""),
+        help="use this NATS (default $NATS_URL; none: start nats-server)",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("REDIS_URL", ""),
+        help="use this Redis (default $REDIS_URL; none: start redis-server)",
+    )
     parser.add_argument("--num-kv-blocks", type=int, help="KV blocks per worker (FERRY_NUM_KV_BLOCKS)")
     parser.add_argument("--max-running", type=int, help="batch cap per worker (FERRY_MAX_RUNNING)")
     parser.add_argument("--max-batch-tokens", type=int, help="tokens per step (FERRY_MAX_BATCH_TOKENS)")
-    parser.add_argument("--torch-threads", type=int,
-                        help="CPU threads per worker (OMP_NUM_THREADS); default: torch's own choice")
+    parser.add_argument(
+        "--torch-threads", type=int, help="CPU threads per worker (OMP_NUM_THREADS); default: torch's own choice"
+    )
     parser.add_argument("--run-dir", type=Path, help="logs and the demo model (default: a new temp folder)")
     parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for readiness")
 
@@ -128,8 +137,11 @@ def _model(model: Path | None, run_dir: Path) -> Path:
     from ferry.model.make_model import make_model
 
     path = make_model(run_dir / "demo-model", "llama", "tiny")
-    print(f"ferry up: no --model given: serving a tiny demo model at {path}; its weights are random, "
-          "so its output is gibberish", flush=True)
+    print(
+        f"ferry up: no --model given: serving a tiny demo model at {path}; its weights are random, "
+        "so its output is gibberish",
+        flush=True,
+    )
     return path
 
 
@@ -137,22 +149,34 @@ def plan_services(args: argparse.Namespace, model_dir: Path, nats_url: str, redi
     """Every process `ferry up` starts, in start order."""
     common = {"FERRY_NATS_URL": nats_url, "FERRY_REDIS_URL": redis_url, "FERRY_MODEL": str(model_dir)}
     tag = uuid.uuid4().hex[:4]  # two `ferry up` on one NATS must not share worker ids
-    worker_env = {k: str(v) for k, v in (("FERRY_NUM_KV_BLOCKS", args.num_kv_blocks),
-                                         ("FERRY_MAX_RUNNING", args.max_running),
-                                         ("FERRY_MAX_BATCH_TOKENS", args.max_batch_tokens),
-                                         ("OMP_NUM_THREADS", args.torch_threads)) if v is not None}
+    worker_env = {
+        k: str(v)
+        for k, v in (
+            ("FERRY_NUM_KV_BLOCKS", args.num_kv_blocks),
+            ("FERRY_MAX_RUNNING", args.max_running),
+            ("FERRY_MAX_BATCH_TOKENS", args.max_batch_tokens),
+            ("OMP_NUM_THREADS", args.torch_threads),
+        )
+        if v is not None
+    }
     specs = []
     if _available("kvcache"):
         specs.append(ServiceSpec("kvcache", "kvcache", dict(common)))
-    specs += [ServiceSpec("prefill-balancer", "prefill-balancer", dict(common)),
-              ServiceSpec("decode-balancer", "decode-balancer", dict(common))]
+    specs += [
+        ServiceSpec("prefill-balancer", "prefill-balancer", dict(common)),
+        ServiceSpec("decode-balancer", "decode-balancer", dict(common)),
+    ]
     for role, count in (("prefill", args.prefill_workers), ("decode", args.decode_workers)):
         for i in range(count):
             worker_id = f"{role}-{i}-{tag}"
             env = {**common, **worker_env, "FERRY_ROLE": role, "FERRY_WORKER_ID": worker_id}
             specs.append(ServiceSpec(f"worker-{role}-{i}", "worker", env, worker_id=worker_id))
-    gateway_env = {**common, "FERRY_HTTP_HOST": args.host, "FERRY_HTTP_PORT": str(args.port),
-                   "FERRY_GATEWAY_ID": f"gateway-{tag}"}
+    gateway_env = {
+        **common,
+        "FERRY_HTTP_HOST": args.host,
+        "FERRY_HTTP_PORT": str(args.port),
+        "FERRY_GATEWAY_ID": f"gateway-{tag}",
+    }
     specs.append(ServiceSpec("gateway", "gateway", gateway_env))
     return specs
 
@@ -169,7 +193,10 @@ def spawn(spec: ServiceSpec, run_dir: Path) -> Child:
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", SERVICE_MODULES[spec.kind]],
-            env={**os.environ, **spec.env}, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, **spec.env},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: Ctrl-C reaches us only, and we stop it in order
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
@@ -221,8 +248,11 @@ def supervise(children: list[Child]) -> int:
     while True:
         for c in children:
             if c.process.poll() is not None:
-                print(f"ferry up: {c.spec.name} exited with {c.process.returncode} (see {c.log_path}); "
-                      "stopping everything", flush=True)
+                print(
+                    f"ferry up: {c.spec.name} exited with {c.process.returncode} (see {c.log_path}); "
+                    "stopping everything",
+                    flush=True,
+                )
                 return 1
         time.sleep(POLL_S)
 

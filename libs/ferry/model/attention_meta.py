@@ -57,8 +57,14 @@ class AttentionMetadata:
         return sum(self.query_lens)
 
     @classmethod
-    def build(cls, query_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
-              block_size: int, device: torch.device | str = "cpu") -> "AttentionMetadata":
+    def build(
+        cls,
+        query_lens: list[int],
+        context_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        device: torch.device | str = "cpu",
+    ) -> AttentionMetadata:
         query_lens, context_lens = [int(q) for q in query_lens], [int(c) for c in context_lens]
         _check(query_lens, context_lens, block_tables, block_size)
         starts = [0]
@@ -76,18 +82,24 @@ class AttentionMetadata:
 
         table = table.to(device)
         return cls(
-            query_lens=query_lens, context_lens=context_lens, block_size=block_size,
-            query_start_loc=as_tensor(starts), seq_lens=as_tensor(seq_lens),
-            slot_mapping=slots.to(device), block_tables=table,
+            query_lens=query_lens,
+            context_lens=context_lens,
+            block_size=block_size,
+            query_start_loc=as_tensor(starts),
+            seq_lens=as_tensor(seq_lens),
+            slot_mapping=slots.to(device),
+            block_tables=table,
             logits_indices=as_tensor([s - 1 for s in starts[1:]]),
-            decode_rows=as_tensor(decode), prefill_rows=[i for i, q in enumerate(query_lens) if q != 1],
-            query_starts=starts, decode_token_rows=as_tensor([starts[i] for i in decode]),
-            decode_block_tables=table[as_tensor(decode)], decode_seq_lens=as_tensor([seq_lens[i] for i in decode]),
+            decode_rows=as_tensor(decode),
+            prefill_rows=[i for i, q in enumerate(query_lens) if q != 1],
+            query_starts=starts,
+            decode_token_rows=as_tensor([starts[i] for i in decode]),
+            decode_block_tables=table[as_tensor(decode)],
+            decode_seq_lens=as_tensor([seq_lens[i] for i in decode]),
         )
 
 
-def _check(query_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
-           block_size: int) -> None:
+def _check(query_lens: list[int], context_lens: list[int], block_tables: list[list[int]], block_size: int) -> None:
     if block_size <= 0:
         raise ValueError(f"block_size: must be positive, got {block_size}")
     if not len(query_lens) == len(context_lens) == len(block_tables):
@@ -99,8 +111,7 @@ def _check(query_lens: list[int], context_lens: list[int], block_tables: list[li
             raise ValueError(f"block_tables[{i}]: {len(blocks)} blocks hold fewer than {c + q} tokens")
 
 
-def _slot_mapping(query_lens: list[int], context_lens: list[int], table: torch.Tensor,
-                  block_size: int) -> torch.Tensor:
+def _slot_mapping(query_lens: list[int], context_lens: list[int], table: torch.Tensor, block_size: int) -> torch.Tensor:
     rows = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))  # [T]
     starts = torch.tensor(context_lens, dtype=torch.int64)
     first = torch.cumsum(torch.tensor([0] + query_lens[:-1]), 0)

@@ -36,7 +36,7 @@ def _corpus() -> list[str]:
     lines = []
     for i, w in enumerate(words):
         tail = " ".join(words[(i * 7 + k) % len(words)] for k in range(12))
-        lines.append(f"{w.capitalize()} {tail}, {i} {i * 37 % 1000}! {w.upper()}? ({w}) - \"{w}s\".")
+        lines.append(f'{w.capitalize()} {tail}, {i} {i * 37 % 1000}! {w.upper()}? ({w}) - "{w}s".')
     return lines * 4
 
 
@@ -44,12 +44,17 @@ def train_tokenizer(vocab_size: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_corpus(), trainer=trainer)
     bos_id = tok.token_to_id(BOS)
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)])
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+    )
     return tok
 
 
@@ -57,8 +62,11 @@ def save_tokenizer(tok: Tokenizer, out_dir: Path) -> None:
     tok.save(str(out_dir / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": BOS, "eos_token": EOS, "pad_token": PAD,
-        "model_max_length": 131072, "chat_template": CHAT_TEMPLATE,
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "model_max_length": 131072,
+        "chat_template": CHAT_TEMPLATE,
         "clean_up_tokenization_spaces": False,
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))

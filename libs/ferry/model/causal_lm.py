@@ -44,8 +44,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = _mlp(cfg, layer)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                meta: AttentionMetadata, kv: PagedKVCache) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata, kv: PagedKVCache
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -85,13 +86,15 @@ class CausalLM(nn.Module):
                 module.prepack()
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv: PagedKVCache) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv: PagedKVCache
+    ) -> torch.Tensor:
         """input_ids, positions [T] (every new token, flattened) -> [B, vocab] float32 logits of each
         sequence's last new token. Writes the new tokens' K/V into kv."""
         if input_ids.shape != positions.shape or input_ids.shape[0] != meta.num_tokens:
-            raise ValueError(f"input_ids {tuple(input_ids.shape)}, positions {tuple(positions.shape)}: "
-                             f"need [{meta.num_tokens}] each")
+            raise ValueError(
+                f"input_ids {tuple(input_ids.shape)}, positions {tuple(positions.shape)}: need [{meta.num_tokens}] each"
+            )
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary.cos_sin(positions, x.dtype)  # [T, rope_dim/2]
         for layer in self.model.layers:
@@ -99,8 +102,14 @@ class CausalLM(nn.Module):
         last = self.model.norm(x[meta.logits_indices])  # [B, hidden]: only rows we need logits for
         return self.lm_head(last).float()
 
-    def make_kv_cache(self, num_blocks: int, block_size: int, device: torch.device | str | None = None,
-                      dtype: torch.dtype | None = None) -> PagedKVCache:
+    def make_kv_cache(
+        self,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> PagedKVCache:
         weight = self.lm_head.weight
         return _attention_class(self.config).make_kv_cache(
-            self.config, num_blocks, block_size, device or weight.device, dtype or weight.dtype)
+            self.config, num_blocks, block_size, device or weight.device, dtype or weight.dtype
+        )

@@ -67,8 +67,16 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES.values():
             raise ValueError(f"arch: unsupported {self.arch!r}")
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                     "head_dim", "intermediate_size", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:

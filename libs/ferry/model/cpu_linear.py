@@ -34,8 +34,9 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           packed: torch.Tensor | None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None
+) -> torch.Tensor:
     """F.linear(x, weight, bias), through the packed weight when there is one. x [..., in] -> [..., out]."""
     if packed is None or x.dtype != weight.dtype or x.device.type != "cpu" or not cpu_kernels_enabled():
         return F.linear(x, weight, bias)

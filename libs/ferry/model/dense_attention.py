@@ -5,9 +5,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ferry.kernels import (CHUNK_MAX_TOKENS, decode_plan, fused_chunk_attention, fused_decode_enabled,
-                           fused_paged_decode_attention, gather_seq, paged_decode_attention, prefill_attention,
-                           rotary_, use_triton, write_kv)
+from ferry.kernels import (
+    CHUNK_MAX_TOKENS,
+    decode_plan,
+    fused_chunk_attention,
+    fused_decode_enabled,
+    fused_paged_decode_attention,
+    gather_seq,
+    paged_decode_attention,
+    prefill_attention,
+    rotary_,
+    use_triton,
+    write_kv,
+)
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
 from ferry.model.cpu_linear import FusedProjection, Linear
@@ -22,13 +32,19 @@ def decode_plan_for(meta: AttentionMetadata, block_size: int, window: int | None
         return None
     key = ("decode_plan", window, dtype)
     if key not in meta.step_cache:
-        meta.step_cache[key] = decode_plan(meta.decode_block_tables, meta.decode_seq_lens, block_size, window,
-                                           dtype)
+        meta.step_cache[key] = decode_plan(meta.decode_block_tables, meta.decode_seq_lens, block_size, window, dtype)
     return meta.step_cache[key]
 
 
-def cpu_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                         scale: float, window: int | None = None, kv: PagedKVCache | None = None) -> torch.Tensor:
+def cpu_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int | None = None,
+    kv: PagedKVCache | None = None,
+) -> torch.Tensor:
     """CPU decode attention of the decoding rows, q [Bd, H, D] -> [Bd, H, Dv]: the fused kernel, which reads
     the cache in place, or (FERRY_CPU_KERNELS=0, no compiler) the plain-torch reference, which gathers
     into kv's scratch buffers when kv is given."""
@@ -48,7 +64,7 @@ class GQAttention(nn.Module):
         super().__init__()
         self.layer, self.window = layer, cfg.window(layer)
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.head_dim**-0.5
         self.q_proj = Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.k_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.v_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
@@ -62,8 +78,9 @@ class GQAttention(nn.Module):
         if self.qkv is not None:
             self.qkv.prepack()
 
-    def _project(self, x: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> q [T, H, D], k [T, Hkv, D] (both rotated), v [T, Hkv, D]."""
         tokens, heads, kv_heads, dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         if self.qkv is None:
@@ -76,8 +93,9 @@ class GQAttention(nn.Module):
         rotary_(qkv[:, : heads + kv_heads], cos, sin)
         return qkv.split([heads, kv_heads, kv_heads], dim=1)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                meta: AttentionMetadata, kv: PagedKVCache) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata, kv: PagedKVCache
+    ) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self._project(x, cos, sin)
         write_kv(kv.layer(self.layer, 0), meta.slot_mapping, k)
@@ -85,8 +103,9 @@ class GQAttention(nn.Module):
         attend = self._triton_attention if use_triton(q) else self._torch_attention
         return self.o_proj(attend(q, k, v, kv, meta).reshape(tokens, -1))
 
-    def _torch_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKVCache,
-                         meta: AttentionMetadata) -> torch.Tensor:
+    def _torch_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
         """CPU: decoding rows in one batched call, prefilling sequences one by one -> [T, H, D]."""
         k_cache, v_cache = kv.layer(self.layer, 0), kv.layer(self.layer, 1)
         if not meta.prefill_rows:  # a pure decode step: rows are already in sequence order
@@ -97,37 +116,56 @@ class GQAttention(nn.Module):
             out[rows] = cpu_decode_attention(q[rows], k_cache, v_cache, meta, self.scale, self.window, kv)
         for i in meta.prefill_rows:
             start, end = meta.query_starts[i], meta.query_starts[i + 1]
-            out[start:end] = self._prefill_one(q[start:end], k[start:end], v[start:end], k_cache, v_cache,
-                                               meta.block_tables[i], meta.context_lens[i])
+            out[start:end] = self._prefill_one(
+                q[start:end], k[start:end], v[start:end], k_cache, v_cache, meta.block_tables[i], meta.context_lens[i]
+            )
         return out
 
-    def _prefill_one(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                     v_cache: torch.Tensor, blocks: torch.Tensor, ctx: int) -> torch.Tensor:
+    def _prefill_one(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        blocks: torch.Tensor,
+        ctx: int,
+    ) -> torch.Tensor:
         """CPU, one prefilling sequence: q [L, H, D], k/v [L, Hkv, D] of its new tokens -> [L, H, D]."""
         if ctx == 0:  # the whole sequence is new: use this step's K/V directly
             return prefill_attention(q, k, v, 0, self.scale, self.window)
         if q.shape[0] <= CHUNK_MAX_TOKENS and fused_decode_enabled():  # reads the cached context in place
             return fused_chunk_attention(q, k_cache, v_cache, blocks, ctx, self.scale, self.window)
         total = ctx + q.shape[0]
-        return prefill_attention(q, gather_seq(k_cache, blocks, total), gather_seq(v_cache, blocks, total), ctx,
-                                 self.scale, self.window)
+        return prefill_attention(
+            q, gather_seq(k_cache, blocks, total), gather_seq(v_cache, blocks, total), ctx, self.scale, self.window
+        )
 
-    def _triton_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKVCache,
-                          meta: AttentionMetadata) -> torch.Tensor:
+    def _triton_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
         """GPU: one kernel launch for the whole batch, no per-sequence loop."""
         k_cache, v_cache = kv.layer(self.layer, 0), kv.layer(self.layer, 1)
         if not meta.prefill_rows:
             from ferry.kernels.triton_decode import gqa_decode_attention
 
-            return gqa_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
-                                        self.window)
+            return gqa_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale, self.window)
         from ferry.kernels.triton_prefill import varlen_prefill_attention
 
-        return varlen_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
-                                        meta.seq_lens, meta.max_query_len, self.scale, self.window)
+        return varlen_prefill_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.max_query_len,
+            self.scale,
+            self.window,
+        )
 
     @staticmethod
-    def make_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device | str,
-                      dtype: torch.dtype) -> PagedKVCache:
-        return PagedKVCache(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
-                            device, dtype)
+    def make_kv_cache(
+        cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device | str, dtype: torch.dtype
+    ) -> PagedKVCache:
+        return PagedKVCache(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, device, dtype)

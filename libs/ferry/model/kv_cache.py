@@ -16,14 +16,24 @@ KV_LAYOUT_VERSION = 1
 
 
 class PagedKVCache:
-    def __init__(self, num_layers: int, num_planes: int, num_blocks: int, block_size: int,
-                 num_kv_heads: int, head_dim: int, device: torch.device | str, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_planes: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+    ) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks={num_blocks}, block_size={block_size}: must be positive")
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
         # [L, planes, H, N, bs, D]
-        self.data = torch.zeros(num_layers, num_planes, num_kv_heads, num_blocks, block_size, head_dim,
-                                device=device, dtype=dtype)
+        self.data = torch.zeros(
+            num_layers, num_planes, num_kv_heads, num_blocks, block_size, head_dim, device=device, dtype=dtype
+        )
 
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
 

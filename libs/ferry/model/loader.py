@@ -40,8 +40,9 @@ class LoadedModel:
     """The checkpoint folder."""
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu",
-               dtype: str | torch.dtype | None = None) -> LoadedModel:
+def load_model(
+    path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None
+) -> LoadedModel:
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: not a checkpoint folder")
@@ -62,9 +63,15 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     fingerprint = hashlib.sha256(
         f"{config.arch}|{dtype_name}|kv{KV_LAYOUT_VERSION}|{config.config_hash()}|{weights_digest(path)}".encode()
     ).hexdigest()[:24]
-    return LoadedModel(model=model, config=config, tokenizer=tokenizer,
-                       eos_token_ids=_eos_ids(path, config, tokenizer), is_random=config.is_random,
-                       fingerprint=f"{config.arch}-{dtype_name}-{fingerprint}", path=path)
+    return LoadedModel(
+        model=model,
+        config=config,
+        tokenizer=tokenizer,
+        eos_token_ids=_eos_ids(path, config, tokenizer),
+        is_random=config.is_random,
+        fingerprint=f"{config.arch}-{dtype_name}-{fingerprint}",
+        path=path,
+    )
 
 
 def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:

@@ -11,38 +11,98 @@ import json
 from pathlib import Path
 from typing import Any
 
-ARCH_NAMES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-              "deepseek-v3": "DeepseekV3ForCausalLM"}
+ARCH_NAMES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "deepseek-v3": "DeepseekV3ForCausalLM",
+}
 MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "deepseek-v3": "deepseek_v3"}
 
 # shapes shared by every family at a size; BENCH is the Llama shape from shared/BENCHMARKS.md
 SIZES: dict[str, dict[str, Any]] = {
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 head_dim=16, intermediate_size=128, vocab_size=512, max_position_embeddings=2048),
-    "bench": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
-                  head_dim=64, intermediate_size=1408, vocab_size=2048, max_position_embeddings=8192),
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=512,
+        max_position_embeddings=2048,
+    ),
+    "bench": dict(
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        intermediate_size=1408,
+        vocab_size=2048,
+        max_position_embeddings=8192,
+    ),
 }
 # per-family extras; each one exercises what makes the family different
 EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
-    "llama": {size: dict(rope_theta=500000.0, rope_scaling=dict(
-        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-        original_max_position_embeddings=SIZES[size]["max_position_embeddings"] // 8)) for size in SIZES},
+    "llama": {
+        size: dict(
+            rope_theta=500000.0,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=SIZES[size]["max_position_embeddings"] // 8,
+            ),
+        )
+        for size in SIZES
+    },
     "mistral": {"tiny": dict(sliding_window=24), "bench": dict(sliding_window=4096)},
-    "qwen2": {size: dict(tie_word_embeddings=True, rope_theta=1000000.0, use_sliding_window=False)
-              for size in SIZES},
+    "qwen2": {size: dict(tie_word_embeddings=True, rope_theta=1000000.0, use_sliding_window=False) for size in SIZES},
     "deepseek-v3": {
-        "tiny": dict(num_hidden_layers=3, num_key_value_heads=4, head_dim=8, q_lora_rank=32, kv_lora_rank=32,
-                     qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
-                     n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
-                     moe_intermediate_size=32, first_k_dense_replace=1),
-        "bench": dict(num_key_value_heads=8, head_dim=32, q_lora_rank=192, kv_lora_rank=128,
-                      qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, n_routed_experts=16,
-                      n_shared_experts=1, num_experts_per_tok=4, n_group=4, topk_group=2,
-                      moe_intermediate_size=352, first_k_dense_replace=1),
+        "tiny": dict(
+            num_hidden_layers=3,
+            num_key_value_heads=4,
+            head_dim=8,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+        ),
+        "bench": dict(
+            num_key_value_heads=8,
+            head_dim=32,
+            q_lora_rank=192,
+            kv_lora_rank=128,
+            qk_nope_head_dim=64,
+            qk_rope_head_dim=32,
+            v_head_dim=64,
+            n_routed_experts=16,
+            n_shared_experts=1,
+            num_experts_per_tok=4,
+            n_group=4,
+            topk_group=2,
+            moe_intermediate_size=352,
+            first_k_dense_replace=1,
+        ),
     },
 }
-DEEPSEEK_COMMON = dict(routed_scaling_factor=2.5, norm_topk_prob=True, scoring_func="sigmoid",
-                       topk_method="noaux_tc", rope_interleave=True, rope_theta=10000.0)
+DEEPSEEK_COMMON = dict(
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    scoring_func="sigmoid",
+    topk_method="noaux_tc",
+    rope_interleave=True,
+    rope_theta=10000.0,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,14 +110,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
     parser.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--max-shard-mb", type=float, default=0.0,
-                        help="split weights into shards of at most this size with an index (0 = one file)")
+    parser.add_argument(
+        "--max-shard-mb",
+        type=float,
+        default=0.0,
+        help="split weights into shards of at most this size with an index (0 = one file)",
+    )
     parser.add_argument("out_dir", type=Path)
 
 
 def run(args: argparse.Namespace) -> int:
-    make_model(args.out_dir, args.arch, args.size, seed=args.seed, dtype=args.dtype,
-               max_shard_mb=args.max_shard_mb)
+    make_model(args.out_dir, args.arch, args.size, seed=args.seed, dtype=args.dtype, max_shard_mb=args.max_shard_mb)
     print(f"wrote random-weight {args.arch} ({args.size}) checkpoint to {args.out_dir}")
     return 0
 
@@ -67,34 +130,58 @@ def hf_config(arch: str, size: str, vocab_ids: dict[str, int], dtype: str = "flo
         raise ValueError(f"arch: unsupported {arch!r}, expected one of {sorted(ARCH_NAMES)}")
     if size not in SIZES:
         raise ValueError(f"size: unsupported {size!r}, expected one of {sorted(SIZES)}")
-    config = dict(architectures=[ARCH_NAMES[arch]], model_type=MODEL_TYPES[arch], hidden_act="silu",
-                  rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, torch_dtype=dtype,
-                  initializer_range=0.02, attention_bias=False, use_cache=True)
+    config = dict(
+        architectures=[ARCH_NAMES[arch]],
+        model_type=MODEL_TYPES[arch],
+        hidden_act="silu",
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        torch_dtype=dtype,
+        initializer_range=0.02,
+        attention_bias=False,
+        use_cache=True,
+    )
     config.update(SIZES[size])
     if arch == "deepseek-v3":
-        yarn = dict(rope_type="yarn", factor=4.0, beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0,
-                    original_max_position_embeddings=SIZES[size]["max_position_embeddings"] // 4)
+        yarn = dict(
+            rope_type="yarn",
+            factor=4.0,
+            beta_fast=32,
+            beta_slow=1,
+            mscale=1.0,
+            mscale_all_dim=1.0,
+            original_max_position_embeddings=SIZES[size]["max_position_embeddings"] // 4,
+        )
         config.update(DEEPSEEK_COMMON, rope_scaling=yarn)
     config.update(EXTRAS[arch][size])
-    config.update(bos_token_id=vocab_ids["bos"], eos_token_id=vocab_ids["eos"], pad_token_id=vocab_ids["pad"],
-                  ferry_random_weights=True)
+    config.update(
+        bos_token_id=vocab_ids["bos"],
+        eos_token_id=vocab_ids["eos"],
+        pad_token_id=vocab_ids["pad"],
+        ferry_random_weights=True,
+    )
     return config
 
 
-def make_model(out_dir: str | Path, arch: str, size: str, seed: int = 0, dtype: str = "float32",
-               max_shard_mb: float = 0.0) -> Path:
+def make_model(
+    out_dir: str | Path, arch: str, size: str, seed: int = 0, dtype: str = "float32", max_shard_mb: float = 0.0
+) -> Path:
     """Writes the checkpoint and returns its folder."""
     from ferry.model import bpe_tokenizer as bpe
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tok = bpe.train_tokenizer(SIZES[size]["vocab_size"])
-    ids = {"bos": tok.token_to_id(bpe.BOS), "eos": tok.token_to_id(bpe.EOS), "pad": tok.token_to_id(bpe.PAD),
-           "im_end": tok.token_to_id(bpe.IM_END)}
+    ids = {
+        "bos": tok.token_to_id(bpe.BOS),
+        "eos": tok.token_to_id(bpe.EOS),
+        "pad": tok.token_to_id(bpe.PAD),
+        "im_end": tok.token_to_id(bpe.IM_END),
+    }
     config = hf_config(arch, size, ids, dtype)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-    generation = dict(bos_token_id=ids["bos"], eos_token_id=[ids["eos"], ids["im_end"]],
-                      pad_token_id=ids["pad"])
+    generation = dict(bos_token_id=ids["bos"], eos_token_id=[ids["eos"], ids["im_end"]], pad_token_id=ids["pad"])
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2))
     bpe.save_tokenizer(tok, out_dir)
     _write_weights(out_dir, config, seed, dtype, max_shard_mb)

@@ -34,8 +34,12 @@ class MLAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer, self.num_heads, self.interleaved = layer, cfg.num_heads, cfg.rope_interleave
-        self.nope, self.rope, self.v_dim, self.rank = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
-                                                        cfg.v_head_dim, cfg.kv_lora_rank)
+        self.nope, self.rope, self.v_dim, self.rank = (
+            cfg.qk_nope_head_dim,
+            cfg.qk_rope_head_dim,
+            cfg.v_head_dim,
+            cfg.kv_lora_rank,
+        )
         self.scale = mla_softmax_scale(cfg)
         q_out = cfg.num_heads * (self.nope + self.rope)
         if cfg.q_lora_rank is None:
@@ -54,12 +58,13 @@ class MLAttention(nn.Module):
             return self.q_proj(x)
         return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                meta: AttentionMetadata, kv: PagedKVCache) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata, kv: PagedKVCache
+    ) -> torch.Tensor:
         tokens = x.shape[0]
         q = self._query(x).view(tokens, self.num_heads, self.nope + self.rope)
         q_nope = q[..., : self.nope]  # [T, H, nope]
-        q_pe = apply_rotary(q[..., self.nope:], cos, sin, self.interleaved)  # [T, H, rope]
+        q_pe = apply_rotary(q[..., self.nope :], cos, sin, self.interleaved)  # [T, H, rope]
         latent, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)
         k_pe = apply_rotary(k_pe.view(tokens, 1, self.rope), cos, sin, self.interleaved)
         entry = torch.cat([self.kv_a_layernorm(latent).view(tokens, 1, self.rank), k_pe], -1)  # [T, 1, C+R]
@@ -72,8 +77,11 @@ class MLAttention(nn.Module):
         for i in meta.prefill_rows:
             start, end, ctx = meta.query_starts[i], meta.query_starts[i + 1], meta.context_lens[i]
             # a cache of another dtype (bf16 under fp32) is widened once gathered
-            seq = entry[start:end] if ctx == 0 else gather_seq(cache, meta.block_tables[i],
-                                                               ctx + end - start).to(entry.dtype)
+            seq = (
+                entry[start:end]
+                if ctx == 0
+                else gather_seq(cache, meta.block_tables[i], ctx + end - start).to(entry.dtype)
+            )
             out[start:end] = self._prefill(q_nope[start:end], q_pe[start:end], seq, ctx)
         return self.o_proj(out.view(tokens, -1))
 
@@ -82,26 +90,30 @@ class MLAttention(nn.Module):
         length = seq.shape[0]
         kv = self.kv_b_proj(seq[:, 0, : self.rank]).view(length, self.num_heads, self.nope + self.v_dim)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
-        k = torch.cat([k_nope, seq[:, :, self.rank:].expand(length, self.num_heads, self.rope)], -1)
+        k = torch.cat([k_nope, seq[:, :, self.rank :].expand(length, self.num_heads, self.rope)], -1)
         return prefill_attention(torch.cat([q_nope, q_pe], -1), k, v, ctx, self.scale)
 
-    def _decode(self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def _decode(
+        self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         """Absorbed form: q_nope [B, H, nope], q_pe [B, H, R] -> [B, H, Dv]."""
         w = self.kv_b_proj.weight.view(self.num_heads, self.nope + self.v_dim, self.rank)
-        w_uk, w_uv = w[:, : self.nope], w[:, self.nope:]  # [H, nope, C], [H, Dv, C]
+        w_uk, w_uv = w[:, : self.nope], w[:, self.nope :]  # [H, nope, C], [H, Dv, C]
         q_latent = torch.cat([torch.einsum("bhn,hnc->bhc", q_nope, w_uk), q_pe], -1)  # [B, H, C+R]
         if use_triton(q_latent):
             from ferry.kernels.triton_decode import mla_decode_attention
 
-            out_latent = mla_decode_attention(q_latent, cache, self.rank, meta.decode_block_tables,
-                                              meta.decode_seq_lens, self.scale)
+            out_latent = mla_decode_attention(
+                q_latent, cache, self.rank, meta.decode_block_tables, meta.decode_seq_lens, self.scale
+            )
         else:
             out_latent = cpu_decode_attention(q_latent, cache, cache[..., : self.rank], meta, self.scale)
         return torch.einsum("bhc,hvc->bhv", out_latent, w_uv)  # [B, H, Dv]
 
     @staticmethod
-    def make_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device | str,
-                      dtype: torch.dtype) -> PagedKVCache:
-        return PagedKVCache(cfg.num_layers, 1, num_blocks, block_size, 1,
-                            cfg.kv_lora_rank + cfg.qk_rope_head_dim, device, dtype)
+    def make_kv_cache(
+        cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device | str, dtype: torch.dtype
+    ) -> PagedKVCache:
+        return PagedKVCache(
+            cfg.num_layers, 1, num_blocks, block_size, 1, cfg.kv_lora_rank + cfg.qk_rope_head_dim, device, dtype
+        )

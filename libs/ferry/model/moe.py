@@ -40,10 +40,14 @@ class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate = Router(cfg)
-        self.experts = nn.ModuleList(GatedMLP(cfg.hidden_size, cfg.moe_intermediate_size)
-                                     for _ in range(cfg.n_routed_experts))
-        self.shared_experts = (GatedMLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts)
-                               if cfg.n_shared_experts else None)
+        self.experts = nn.ModuleList(
+            GatedMLP(cfg.hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.n_routed_experts)
+        )
+        self.shared_experts = (
+            GatedMLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts)
+            if cfg.n_shared_experts
+            else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden]
         ids, weights = self.gate(x)
@@ -56,7 +60,7 @@ class MoE(nn.Module):
         # loop over experts, not tokens: each expert runs once on all the tokens routed to it
         for expert, count in zip(self.experts, counts):
             if count:
-                rows, slots = token_of[start:start + count], order[start:start + count]
+                rows, slots = token_of[start : start + count], order[start : start + count]
                 y = expert(x[rows]) * weights.flatten()[slots, None].to(x.dtype)
                 out.index_add_(0, rows, y)
             start += count

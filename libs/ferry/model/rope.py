@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 
-def inv_freq_and_scale(dim: int, theta: float, scaling: dict[str, Any] | None,
-                       max_positions: int) -> tuple[torch.Tensor, float]:
+def inv_freq_and_scale(
+    dim: int, theta: float, scaling: dict[str, Any] | None, max_positions: int
+) -> tuple[torch.Tensor, float]:
     """-> (inv_freq [dim/2] float32, attention factor multiplying cos/sin)."""
     base = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))  # [dim/2]
     if scaling is None:
@@ -79,8 +80,7 @@ class Rotary(torch.nn.Module):
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, dim/2]
-        return ((freqs.cos() * self.attention_factor).to(dtype),
-                (freqs.sin() * self.attention_factor).to(dtype))
+        return ((freqs.cos() * self.attention_factor).to(dtype), (freqs.sin() * self.attention_factor).to(dtype))
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:

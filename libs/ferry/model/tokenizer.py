@@ -23,7 +23,7 @@ class Tokenizer:
         self._template = _compile(chat_template) if chat_template else None
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "Tokenizer":
+    def from_dir(cls, path: str | Path) -> Tokenizer:
         path = Path(path)
         file = path / "tokenizer.json"
         if not file.exists():
@@ -56,13 +56,13 @@ class Tokenizer:
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         return [self._backend.id_to_token(int(i)) for i in ids]
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            **kwargs: Any) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
         if self._template is None:
             raise ValueError("chat_template: this tokenizer has none")
         values = {**{k: v or "" for k, v in self.special_tokens.items()}, **kwargs}
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     **values)
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **values)
 
 
 def _content(token: Any) -> str | None:
@@ -74,8 +74,7 @@ def _raise(message: str) -> None:
 
 
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

@@ -58,8 +58,7 @@ def load_weights(module: nn.Module, path: Path, skip: set[str] = frozenset()) ->
 
 def _copy(target: torch.Tensor, source: torch.Tensor, file: Path, name: str) -> None:
     if tuple(source.shape) != tuple(target.shape):
-        raise ValueError(f"{file}: tensor {name!r} has shape {tuple(source.shape)}, "
-                         f"expected {tuple(target.shape)}")
+        raise ValueError(f"{file}: tensor {name!r} has shape {tuple(source.shape)}, expected {tuple(target.shape)}")
     if not (source.is_floating_point() and source.element_size() >= 2):
         raise ValueError(f"{file}: tensor {name!r} has unsupported dtype {source.dtype}")
     with torch.no_grad():

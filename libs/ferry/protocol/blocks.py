@@ -28,9 +28,7 @@ def hash_block(parent: bytes | None, token_ids: Sequence[int], extra_keys: Seque
     return hashlib.sha256(payload).digest()[:HASH_BYTES]
 
 
-def hash_full_blocks(
-    token_ids: Sequence[int], block_size: int, extra_keys: Sequence[object] = ()
-) -> list[bytes]:
+def hash_full_blocks(token_ids: Sequence[int], block_size: int, extra_keys: Sequence[object] = ()) -> list[bytes]:
     """Chained hashes of every full block of `token_ids` (a trailing partial block is skipped)."""
     hashes: list[bytes] = []
     parent = None

@@ -154,8 +154,12 @@ class Handoff:
 
     def __post_init__(self) -> None:
         total = sum(b.num_tokens for b in self.kv_blocks)
-        _require(total == self.num_kv_tokens, "num_kv_tokens", self.num_kv_tokens,
-                 f"must equal the tokens in kv_blocks ({total})")
+        _require(
+            total == self.num_kv_tokens,
+            "num_kv_tokens",
+            self.num_kv_tokens,
+            f"must equal the tokens in kv_blocks ({total})",
+        )
 
 
 @message("handoff_reply")
@@ -194,8 +198,12 @@ class TokenEvent:
 
     def __post_init__(self) -> None:
         _require(self.index >= 0, "index", self.index, "must be >= 0")
-        _require(self.finish_reason in (None, *FINISH_REASONS), "finish_reason", self.finish_reason,
-                 f"must be one of {FINISH_REASONS}")
+        _require(
+            self.finish_reason in (None, *FINISH_REASONS),
+            "finish_reason",
+            self.finish_reason,
+            f"must be one of {FINISH_REASONS}",
+        )
 
 
 @dataclass(slots=True)
@@ -282,8 +290,9 @@ class KvEvent:
     timestamp: float = 0.0
 
     def __post_init__(self) -> None:
-        _require(self.kind in ("stored", "removed", "cleared"), "kind", self.kind,
-                 "must be 'stored', 'removed' or 'cleared'")
+        _require(
+            self.kind in ("stored", "removed", "cleared"), "kind", self.kind, "must be 'stored', 'removed' or 'cleared'"
+        )
 
 
 @message("kv_lookup")

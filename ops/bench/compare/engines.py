@@ -17,8 +17,9 @@ ENGINE_SYSTEMS = {"engine-static-padded": "static_padded", "engine-static": "sta
 """Comparison name -> ferry.bench.offline_turns system name."""
 
 
-def run_engine_phase(lm, names: list[str], requests: list, plan, max_num_seqs: int, num_kv_blocks: int,
-                     problems: dict[str, str]) -> dict[str, dict]:
+def run_engine_phase(
+    lm, names: list[str], requests: list, plan, max_num_seqs: int, num_kv_blocks: int, problems: dict[str, str]
+) -> dict[str, dict]:
     """Run `names` side by side on `plan`'s arrivals; -> {name: phase summary} of those that finished."""
     from ferry.bench.offline_turns import engine_config, engine_turns, side_by_side
 
@@ -26,8 +27,9 @@ def run_engine_phase(lm, names: list[str], requests: list, plan, max_num_seqs: i
     for name in names:
         mode = ENGINE_SYSTEMS[name]
         config = engine_config(mode, max_num_seqs, num_kv_blocks)
-        turns[name] = _guarded(engine_turns(lm, config, requests, plan.arrivals_s, mode), f"{name}, {plan.name}",
-                               problems)
+        turns[name] = _guarded(
+            engine_turns(lm, config, requests, plan.arrivals_s, mode), f"{name}, {plan.name}", problems
+        )
     results = side_by_side(turns, len(requests) * len(turns), True)
     return {name: result.summary() for name, result in results.items() if result is not None}
 

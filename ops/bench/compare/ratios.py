@@ -15,13 +15,22 @@ import math
 from dataclasses import dataclass
 
 SYSTEMS = ("engine-static-padded", "engine-static", "engine-dynamic", "ferry-up", "hf-serve")
-CLOCKS = {"engine-static-padded": "engine", "engine-static": "engine", "engine-dynamic": "engine",
-          "ferry-up": "wall", "hf-serve": "wall"}
+CLOCKS = {
+    "engine-static-padded": "engine",
+    "engine-static": "engine",
+    "engine-dynamic": "engine",
+    "ferry-up": "wall",
+    "hf-serve": "wall",
+}
 """engine: the in-process engine's own step clock (its work plus idle gaps); wall: HTTP client wall clock."""
 ALL_AT_ONCE, POISSON = "all-at-once", "poisson"
 THROUGHPUT_FIGURES = {"output_tokens_per_s": "output tok/s", "requests_per_s": "req/s"}
-LATENCY_FIGURES = {"e2e_ms.p99": "E2E p99", "ttft_ms.p50": "TTFT p50", "ttft_ms.p99": "TTFT p99",
-                   "tpot_ms.p50": "TPOT p50"}
+LATENCY_FIGURES = {
+    "e2e_ms.p99": "E2E p99",
+    "ttft_ms.p50": "TTFT p50",
+    "ttft_ms.p99": "TTFT p99",
+    "tpot_ms.p50": "TPOT p50",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +53,22 @@ _X4 = "distributed >= 4x `transformers serve --continuous-batching`"
 TARGETS = (
     Target("ferry-up", "engine-static-padded", "output_tokens_per_s", 3.0, f"{_X3} (classic padded)"),
     Target("ferry-up", "engine-static", "output_tokens_per_s", 3.0, f"{_X3} (compacting, the stronger one)"),
-    Target("engine-dynamic", "engine-static-padded", "output_tokens_per_s", 3.0,
-           "same claim, same engine in-process (one clock): continuous vs classic static"),
+    Target(
+        "engine-dynamic",
+        "engine-static-padded",
+        "output_tokens_per_s",
+        3.0,
+        "same claim, same engine in-process (one clock): continuous vs classic static",
+    ),
     Target("ferry-up", "engine-static-padded", "e2e_ms.p99", 0.45, f"{_P99} (classic padded)"),
     Target("ferry-up", "engine-static", "e2e_ms.p99", 0.45, f"{_P99} (compacting, the stronger one)"),
-    Target("engine-dynamic", "engine-static-padded", "e2e_ms.p99", 0.45,
-           "same claim, same engine in-process (one clock): continuous vs classic static"),
+    Target(
+        "engine-dynamic",
+        "engine-static-padded",
+        "e2e_ms.p99",
+        0.45,
+        "same claim, same engine in-process (one clock): continuous vs classic static",
+    ),
     Target("ferry-up", "hf-serve", "output_tokens_per_s", 4.0, f"{_X4}, output tok/s offline (both over HTTP)"),
 )
 
@@ -105,8 +124,17 @@ def ratios(systems: dict[str, dict[str, dict]]) -> list[dict]:
         for phase in sorted(set(systems.get(num, {})) & set(systems.get(den, {}))):
             a, b = systems[num][phase], systems[den][phase]
             values = {key: compare(a, b, key) for key in figures_for(phase)}
-            out.append({"numerator": num, "denominator": den, "phase": phase, "kind": phase_kind(phase),
-                        "clocks": f"{CLOCKS[num]}/{CLOCKS[den]}", "meaning": meaning, "values": values})
+            out.append(
+                {
+                    "numerator": num,
+                    "denominator": den,
+                    "phase": phase,
+                    "kind": phase_kind(phase),
+                    "clocks": f"{CLOCKS[num]}/{CLOCKS[den]}",
+                    "meaning": meaning,
+                    "values": values,
+                }
+            )
     return out
 
 
@@ -115,15 +143,27 @@ def targets(systems: dict[str, dict[str, dict]]) -> list[dict]:
     out = []
     for t in TARGETS:
         kind = ALL_AT_ONCE if t.figure in THROUGHPUT_FIGURES else POISSON
-        phases = sorted(p for p in set(systems.get(t.numerator, {})) & set(systems.get(t.denominator, {}))
-                        if phase_kind(p) == kind) or [None]
+        phases = sorted(
+            p for p in set(systems.get(t.numerator, {})) & set(systems.get(t.denominator, {})) if phase_kind(p) == kind
+        ) or [None]
         for phase in phases:
-            value = None if phase is None else compare(systems[t.numerator][phase], systems[t.denominator][phase],
-                                                       t.figure)
-            out.append({"claim": t.claim, "numerator": t.numerator, "denominator": t.denominator,
-                        "figure": t.figure, "kind": kind, "phase": phase, "threshold": t.threshold,
-                        "clocks": f"{CLOCKS[t.numerator]}/{CLOCKS[t.denominator]}",
-                        "value": value, "met": None if value is None else value >= t.threshold})
+            value = (
+                None if phase is None else compare(systems[t.numerator][phase], systems[t.denominator][phase], t.figure)
+            )
+            out.append(
+                {
+                    "claim": t.claim,
+                    "numerator": t.numerator,
+                    "denominator": t.denominator,
+                    "figure": t.figure,
+                    "kind": kind,
+                    "phase": phase,
+                    "threshold": t.threshold,
+                    "clocks": f"{CLOCKS[t.numerator]}/{CLOCKS[t.denominator]}",
+                    "value": value,
+                    "met": None if value is None else value >= t.threshold,
+                }
+            )
     return out
 
 
@@ -149,7 +189,7 @@ def phase_rate(phase: str) -> float:
     """The nominal offered req/s in a Poisson phase's name ('poisson-1.25rps' -> 1.25)."""
     if phase_kind(phase) != POISSON or not phase.endswith("rps"):
         raise ValueError(f"phase {phase!r}: not a 'poisson-<rate>rps' phase")
-    return float(phase[len("poisson-"):-len("rps")])
+    return float(phase[len("poisson-") : -len("rps")])
 
 
 def poisson_loads(systems: dict[str, dict[str, dict]]) -> dict[str, dict[str, float]]:

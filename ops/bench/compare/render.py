@@ -13,9 +13,15 @@ import ratios as r
 
 from ferry.bench.report import fmt
 
-FIGURE_COLUMNS = (("output_tokens_per_s", "output tok/s"), ("requests_per_s", "req/s"), ("ttft_ms.p50", "TTFT p50"),
-                  ("ttft_ms.p99", "TTFT p99"), ("tpot_ms.p50", "TPOT p50"), ("tpot_ms.p99", "TPOT p99"),
-                  ("e2e_ms.p99", "E2E p99"))
+FIGURE_COLUMNS = (
+    ("output_tokens_per_s", "output tok/s"),
+    ("requests_per_s", "req/s"),
+    ("ttft_ms.p50", "TTFT p50"),
+    ("ttft_ms.p99", "TTFT p99"),
+    ("tpot_ms.p50", "TPOT p50"),
+    ("tpot_ms.p99", "TPOT p99"),
+    ("e2e_ms.p99", "E2E p99"),
+)
 CLOCK_NOTE = (
     "Clocks: `engine` systems run in this process, taking turns step by step, each timed by its own "
     "step clock (the wall time of its own steps, plus jumps over idle gaps to the next arrival): what that "
@@ -26,7 +32,8 @@ CLOCK_NOTE = (
     "a prefill and a decode worker, so it can use two processes' worth of cores where an in-process engine "
     "uses one. "
     "Such a row is exactly (ferry-up / engine-dynamic, the cost or gain of the split, two clocks) x "
-    "(engine-dynamic / the baseline, one clock); both factors are in the tables below.")
+    "(engine-dynamic / the baseline, one clock); both factors are in the tables below."
+)
 
 
 def speedup_or_reduction(value: float | None, kind: str) -> str:
@@ -45,13 +52,17 @@ def _met(met: bool | None) -> str:
 
 
 def targets_table(rows: list[dict]) -> list[str]:
-    lines = ["| issue #9 target | numerator / denominator | phase | clocks | measured | bar | met |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| issue #9 target | numerator / denominator | phase | clocks | measured | bar | met |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for t in rows:
         figure = r.THROUGHPUT_FIGURES.get(t["figure"]) or r.LATENCY_FIGURES[t["figure"]]
-        lines.append(f"| {t['claim']} | {t['numerator']} / {t['denominator']} ({figure}) | {t['phase'] or '–'} "
-                     f"| {t['clocks']} | {speedup_or_reduction(t['value'], t['kind'])} "
-                     f"| {_bar(t['threshold'], t['kind'])} | {_met(t['met'])} |")
+        lines.append(
+            f"| {t['claim']} | {t['numerator']} / {t['denominator']} ({figure}) | {t['phase'] or '–'} "
+            f"| {t['clocks']} | {speedup_or_reduction(t['value'], t['kind'])} "
+            f"| {_bar(t['threshold'], t['kind'])} | {_met(t['met'])} |"
+        )
     return lines
 
 
@@ -64,8 +75,10 @@ def load_lines(systems: dict[str, dict[str, dict]]) -> list[str]:
         lines += [f"{phase}'s nominal rate as a fraction of each system's all-at-once req/s: {shown}."]
         saturated = [name for name, fraction in fractions.items() if fraction >= 1]
         if saturated:
-            lines += [f"**Saturated at this rate: {', '.join(saturated)}** (offered load >= its capacity; "
-                      "its latency in this phase is queueing, not a moderate load)."]
+            lines += [
+                f"**Saturated at this rate: {', '.join(saturated)}** (offered load >= its capacity; "
+                "its latency in this phase is queueing, not a moderate load)."
+            ]
         lines += [""]
     return lines
 
@@ -73,41 +86,77 @@ def load_lines(systems: dict[str, dict[str, dict]]) -> list[str]:
 def ratio_tables(pairs: list[dict]) -> list[str]:
     lines = []
     for kind, figures, title in (
-            (r.ALL_AT_ONCE, r.THROUGHPUT_FIGURES, "Capacity: all requests at once (speedup, > 1x favours the "
-                                                  "numerator)"),
-            (r.POISSON, r.LATENCY_FIGURES, "Latency at the Poisson rate (how much lower the numerator's is; "
-                                           "negative = higher)")):
+        (r.ALL_AT_ONCE, r.THROUGHPUT_FIGURES, "Capacity: all requests at once (speedup, > 1x favours the numerator)"),
+        (
+            r.POISSON,
+            r.LATENCY_FIGURES,
+            "Latency at the Poisson rate (how much lower the numerator's is; negative = higher)",
+        ),
+    ):
         rows = [p for p in pairs if p["kind"] == kind]
-        lines += ["", f"## {title}", "",
-                  "| numerator / denominator | phase | clocks | " + " | ".join(figures.values()) + " | answers |",
-                  "|---|---|---|" + "---|" * (len(figures) + 1)]
+        lines += [
+            "",
+            f"## {title}",
+            "",
+            "| numerator / denominator | phase | clocks | " + " | ".join(figures.values()) + " | answers |",
+            "|---|---|---|" + "---|" * (len(figures) + 1),
+        ]
         for p in rows:
             cells = [speedup_or_reduction(p["values"].get(key), kind) for key in figures]
-            lines.append(f"| {p['numerator']} / {p['denominator']} | {p['phase']} | {p['clocks']} | "
-                         + " | ".join(cells) + f" | {p['meaning']} |")
+            lines.append(
+                f"| {p['numerator']} / {p['denominator']} | {p['phase']} | {p['clocks']} | "
+                + " | ".join(cells)
+                + f" | {p['meaning']} |"
+            )
     return lines
 
 
 def figures_table(systems: dict[str, dict[str, dict]]) -> list[str]:
-    lines = ["| system | clock | phase | ok/total | out tokens | " + " | ".join(l for _, l in FIGURE_COLUMNS) + " |",
-             "|---|---|---|---|---|" + "---|" * len(FIGURE_COLUMNS)]
+    lines = [
+        "| system | clock | phase | ok/total | out tokens | " + " | ".join(l for _, l in FIGURE_COLUMNS) + " |",
+        "|---|---|---|---|---|" + "---|" * len(FIGURE_COLUMNS),
+    ]
     for name in [s for s in r.SYSTEMS if s in systems]:
         for phase, s in systems[name].items():
             ok = f"{s.get('num_ok', s.get('num_requests'))}/{s.get('num_requests')}"
             cells = [fmt(r.figure(s, key), 2 if key == "requests_per_s" else 1) for key, _ in FIGURE_COLUMNS]
-            lines.append(f"| {name} | {r.CLOCKS[name]} | {phase} | {ok} | {s.get('output_tokens', '–')} | "
-                         + " | ".join(cells) + " |")
+            lines.append(
+                f"| {name} | {r.CLOCKS[name]} | {phase} | {ok} | {s.get('output_tokens', '–')} | "
+                + " | ".join(cells)
+                + " |"
+            )
     return lines
 
 
-def markdown(meta: dict, systems: dict[str, dict[str, dict]], problems: dict[str, str], pairs: list[dict],
-             target_rows: list[dict]) -> str:
-    lines = ["# ferry comparison run", "", *[f"- {k}: {v}" for k, v in meta.items()], "",
-             "## Issue #9 targets", "", *targets_table(target_rows), "", *load_lines(systems), CLOCK_NOTE]
+def markdown(
+    meta: dict,
+    systems: dict[str, dict[str, dict]],
+    problems: dict[str, str],
+    pairs: list[dict],
+    target_rows: list[dict],
+) -> str:
+    lines = [
+        "# ferry comparison run",
+        "",
+        *[f"- {k}: {v}" for k, v in meta.items()],
+        "",
+        "## Issue #9 targets",
+        "",
+        *targets_table(target_rows),
+        "",
+        *load_lines(systems),
+        CLOCK_NOTE,
+    ]
     lines += ratio_tables(pairs)
-    lines += ["", "## Figures (latencies in ms)", "",
-              "In the Poisson phase every system that keeps up delivers the offered load, so its tok/s and "
-              "req/s only say that it kept up.", "", *figures_table(systems)]
+    lines += [
+        "",
+        "## Figures (latencies in ms)",
+        "",
+        "In the Poisson phase every system that keeps up delivers the offered load, so its tok/s and "
+        "req/s only say that it kept up.",
+        "",
+        *figures_table(systems),
+    ]
     if problems:
         lines += ["", "## Systems or phases that did not run", ""] + [f"- **{k}**: {v}" for k, v in problems.items()]
     return "\n".join(lines) + "\n"
@@ -158,8 +207,9 @@ def rerender(folder: Path) -> None:
     pairs, target_rows = r.ratios(systems), r.targets(systems)
     (folder / "compare.json").write_text(json.dumps({**doc, "targets": target_rows, "ratios": pairs}, indent=1))
     plot(folder / "compare.png", systems)
-    (folder / "compare.md").write_text(markdown(doc["meta"], systems, problems, pairs, target_rows)
-                                       + "\n![capacity and latency](compare.png)\n")
+    (folder / "compare.md").write_text(
+        markdown(doc["meta"], systems, problems, pairs, target_rows) + "\n![capacity and latency](compare.png)\n"
+    )
 
 
 if __name__ == "__main__":

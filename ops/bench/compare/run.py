@@ -30,14 +30,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import engines  # noqa: E402
-import ratios  # noqa: E402
-import render  # noqa: E402
-import servers  # noqa: E402
+import engines
+import ratios
+import render
+import servers
 
-from ferry.bench.http_client import CompletionCall  # noqa: E402
-from ferry.bench.online import OnlineConfig, bench_url, detect_model, make_plans, run_phase  # noqa: E402
-from ferry.bench.workload import WorkloadConfig  # noqa: E402
+from ferry.bench.http_client import CompletionCall
+from ferry.bench.online import OnlineConfig, bench_url, detect_model, make_plans, run_phase
+from ferry.bench.workload import WorkloadConfig
 
 HTTP_SYSTEMS = ("ferry-up", "hf-serve")
 
@@ -50,18 +50,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-lens", default="16,32,64,128,128,256")
-    p.add_argument("--rate-fraction", type=float, default=0.5,
-                   help="Poisson rate as a fraction of --rate-base's all-at-once req/s; 0 = no Poisson phase")
-    p.add_argument("--rate-base", choices=tuple(engines.ENGINE_SYSTEMS),
-                   help="whose all-at-once req/s sets the Poisson rate (default: engine-static-padded, the "
-                        "classic static server, when it runs, else engine-static; as `ferry bench --offline`)")
+    p.add_argument(
+        "--rate-fraction",
+        type=float,
+        default=0.5,
+        help="Poisson rate as a fraction of --rate-base's all-at-once req/s; 0 = no Poisson phase",
+    )
+    p.add_argument(
+        "--rate-base",
+        choices=tuple(engines.ENGINE_SYSTEMS),
+        help="whose all-at-once req/s sets the Poisson rate (default: engine-static-padded, the "
+        "classic static server, when it runs, else engine-static; as `ferry bench --offline`)",
+    )
     p.add_argument("--rate", type=float, help="Poisson rate in req/s, instead of --rate-fraction x --rate-base")
     p.add_argument("--max-num-seqs", type=int, default=32, help="batch cap of ferry's engine and workers")
     p.add_argument("--num-kv-blocks", type=int, default=4096)
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch/OpenMP threads of every model process (in-process engine, ferry workers, "
-                        "transformers serve). Default 1: on a busy 2-core box, 2 spinning OpenMP threads made "
-                        "one engine step ~85x slower")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch/OpenMP threads of every model process (in-process engine, ferry workers, "
+        "transformers serve). Default 1: on a busy 2-core box, 2 spinning OpenMP threads made "
+        "one engine step ~85x slower",
+    )
     p.add_argument("--ready-timeout", type=float, default=300.0)
     p.add_argument("--phase-time-limit", type=float, default=1800.0)
     return p.parse_args(argv)
@@ -79,9 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by every server process started below
     model_dir = args.model or _make_checkpoint()
-    workload = WorkloadConfig(num_requests=args.num_requests, seed=args.seed,
-                              output_lens=tuple(int(x) for x in args.output_lens.split(",")),
-                              vocab_size=json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    workload = WorkloadConfig(
+        num_requests=args.num_requests,
+        seed=args.seed,
+        output_lens=tuple(int(x) for x in args.output_lens.split(",")),
+        vocab_size=json.loads((model_dir / "config.json").read_text())["vocab_size"],
+    )
     systems: dict[str, dict[str, dict]] = {}
     problems: dict[str, str] = {}
     stages: dict[str, dict] = {}
@@ -118,8 +132,9 @@ def run_engines(args, chosen, model_dir, workload, systems, problems, stages) ->
     lm, requests = engines.load(model_dir, args.threads, workload) if names else (None, None)
 
     def run(plan):
-        for name, summary in engines.run_engine_phase(lm, names, requests, plan, args.max_num_seqs,
-                                                      args.num_kv_blocks, problems).items():
+        for name, summary in engines.run_engine_phase(
+            lm, names, requests, plan, args.max_num_seqs, args.num_kv_blocks, problems
+        ).items():
             systems.setdefault(name, {})[plan.name] = summary
 
     if names:
@@ -150,8 +165,9 @@ def run_http_system(name, args, model_dir, workload, plans, systems, problems) -
     run_dir = args.out / name
     run_dir.mkdir(parents=True, exist_ok=True)
     if name == "ferry-up":
-        server = servers.start_ferry_up(model_dir, run_dir, ["--max-running", str(args.max_num_seqs),
-                                                             "--num-kv-blocks", str(args.num_kv_blocks)])
+        server = servers.start_ferry_up(
+            model_dir, run_dir, ["--max-running", str(args.max_num_seqs), "--num-kv-blocks", str(args.num_kv_blocks)]
+        )
         marker, length_control = "ferry up: ready", "extra"
     else:
         server = servers.start_hf_serve(model_dir, run_dir, [])
@@ -161,9 +177,14 @@ def run_http_system(name, args, model_dir, workload, plans, systems, problems) -
         if problem:
             problems[name] = problem
             return
-        config = OnlineConfig(base_url=server.base_url, model=detect_model(server.base_url),
-                              length_control=length_control, phase_time_limit_s=args.phase_time_limit,
-                              request_timeout_s=args.phase_time_limit, max_concurrency=max(64, workload.num_requests))
+        config = OnlineConfig(
+            base_url=server.base_url,
+            model=detect_model(server.base_url),
+            length_control=length_control,
+            phase_time_limit_s=args.phase_time_limit,
+            request_timeout_s=args.phase_time_limit,
+            max_concurrency=max(64, workload.num_requests),
+        )
         problem = _warm_up(config)
         if problem:
             problems[name] = f"warm-up failed: {problem}\n{server.log_tail()}"
@@ -182,8 +203,10 @@ def run_http_system(name, args, model_dir, workload, plans, systems, problems) -
 
 def _warm_up(config: OnlineConfig) -> str:
     """Two short requests before measuring (first-request setup is not what we compare)."""
-    calls = [CompletionCall(index=i, prompt="the ferry river boat harbor dock", max_tokens=4,
-                            num_prompt_tokens=7) for i in range(2)]
+    calls = [
+        CompletionCall(index=i, prompt="the ferry river boat harbor dock", max_tokens=4, num_prompt_tokens=7)
+        for i in range(2)
+    ]
     phase = asyncio.run(run_phase(calls, [0.0, 0.0], config, "warm-up", math.inf))
     bad = [r.error for r in phase.results if not r.ok]
     return bad[0] if bad else ""
@@ -194,17 +217,31 @@ def _meta(args, model_dir, workload, plans, stages) -> dict:
     import transformers
 
     rate = plans[1].rate_rps if len(plans) > 1 else None
-    how = (f"--rate {args.rate}" if args.rate is not None
-           else f"{args.rate_fraction} x {args.rate_base}'s all-at-once req/s")
-    return {"date_utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()), "checkpoint": str(model_dir),
-            "workload": f"{workload.num_requests} requests, seed {workload.seed}, prompt median "
-                        f"{workload.prompt_len_median}, outputs {list(workload.output_lens)}",
-            "phases": ", ".join(p.name for p in plans) + (f" (Poisson rate: {how}; the {workload.num_requests} "
-                                                           f"sampled arrivals come at {_realized_rps(plans[1]):.3g} "
-                                                           "req/s)" if rate else ""),
-            "engine batch cap": args.max_num_seqs, "threads per model process": args.threads,
-            "cpu cores": os.cpu_count(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "stages (load average at start, wall seconds)": json.dumps(stages)}
+    how = (
+        f"--rate {args.rate}"
+        if args.rate is not None
+        else f"{args.rate_fraction} x {args.rate_base}'s all-at-once req/s"
+    )
+    return {
+        "date_utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
+        "checkpoint": str(model_dir),
+        "workload": f"{workload.num_requests} requests, seed {workload.seed}, prompt median "
+        f"{workload.prompt_len_median}, outputs {list(workload.output_lens)}",
+        "phases": ", ".join(p.name for p in plans)
+        + (
+            f" (Poisson rate: {how}; the {workload.num_requests} "
+            f"sampled arrivals come at {_realized_rps(plans[1]):.3g} "
+            "req/s)"
+            if rate
+            else ""
+        ),
+        "engine batch cap": args.max_num_seqs,
+        "threads per model process": args.threads,
+        "cpu cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "stages (load average at start, wall seconds)": json.dumps(stages),
+    }
 
 
 def _realized_rps(plan) -> float:
@@ -215,12 +252,19 @@ def _realized_rps(plan) -> float:
 
 def write_compare(out: Path, meta: dict, systems: dict, problems: dict) -> None:
     pairs, target_rows = ratios.ratios(systems), ratios.targets(systems)
-    doc = {"meta": meta, "targets": target_rows, "ratios": pairs, "poisson_load": ratios.poisson_loads(systems),
-           "systems": systems, "problems": problems}
+    doc = {
+        "meta": meta,
+        "targets": target_rows,
+        "ratios": pairs,
+        "poisson_load": ratios.poisson_loads(systems),
+        "systems": systems,
+        "problems": problems,
+    }
     (out / "compare.json").write_text(json.dumps(doc, indent=1))
     render.plot(out / "compare.png", systems)
-    (out / "compare.md").write_text(render.markdown(meta, systems, problems, pairs, target_rows)
-                                    + "\n![capacity and latency](compare.png)\n")
+    (out / "compare.md").write_text(
+        render.markdown(meta, systems, problems, pairs, target_rows) + "\n![capacity and latency](compare.png)\n"
+    )
 
 
 if __name__ == "__main__":

@@ -43,16 +43,33 @@ def free_port() -> int:
 def spawn(name: str, argv: list[str], base_url: str, run_dir: Path, env: dict[str, str] | None = None) -> ServerProcess:
     log_path = run_dir / f"{name}.log"
     with open(log_path, "wb") as log:  # fresh: a ready marker from an earlier run must not count
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **(env or {})}, start_new_session=True)
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
     return ServerProcess(name, base_url, process, log_path)
 
 
 def start_ferry_up(model_dir: Path, run_dir: Path, extra_args: list[str]) -> ServerProcess:
     """`ferry up` on a free port: its own nats-server, redis-server, balancers, workers, gateway."""
     port = free_port()
-    argv = [sys.executable, "-m", "ferry.cli", "up", "--model", str(model_dir), "--port", str(port),
-            "--run-dir", str(run_dir / "ferry-up-run"), *extra_args]
+    argv = [
+        sys.executable,
+        "-m",
+        "ferry.cli",
+        "up",
+        "--model",
+        str(model_dir),
+        "--port",
+        str(port),
+        "--run-dir",
+        str(run_dir / "ferry-up-run"),
+        *extra_args,
+    ]
     return spawn("ferry-up", argv, f"http://127.0.0.1:{port}", run_dir)
 
 
@@ -60,13 +77,28 @@ def start_hf_serve(model_dir: Path, run_dir: Path, extra_args: list[str]) -> Ser
     """`transformers serve <folder> --continuous-batching` on CPU, offline (no Hub access)."""
     port = free_port()
     exe = Path(sys.executable).parent / "transformers"
-    argv = [str(exe), "serve", str(model_dir), "--continuous-batching", "--device", "cpu", "--dtype", "float32",
-            "--host", "127.0.0.1", "--port", str(port), *extra_args]
+    argv = [
+        str(exe),
+        "serve",
+        str(model_dir),
+        "--continuous-batching",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *extra_args,
+    ]
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return spawn("hf-serve", argv, f"http://127.0.0.1:{port}", run_dir, env)
 
 
-def wait_ready(server: ServerProcess, timeout_s: float, log_marker: str | None = None, health_path: str = "/health") -> str:
+def wait_ready(
+    server: ServerProcess, timeout_s: float, log_marker: str | None = None, health_path: str = "/health"
+) -> str:
     """'' once the server is ready (its log shows `log_marker`, else `health_path` answers 200);
     otherwise what went wrong, with the end of its log."""
     deadline = time.monotonic() + timeout_s

@@ -34,9 +34,13 @@ class Timeline:
         return hidden / total if total else 0.0
 
     def summary(self) -> dict:
-        return {"num_steps": len(self.steps), "num_transfers": len(self.transfers),
-                "transfer_s": sum(e - s for s, e in self.transfers),
-                "step_s": sum(e - s for s, e in self.steps), "hidden_fraction": self.hidden_fraction()}
+        return {
+            "num_steps": len(self.steps),
+            "num_transfers": len(self.transfers),
+            "transfer_s": sum(e - s for s, e in self.transfers),
+            "step_s": sum(e - s for s, e in self.steps),
+            "hidden_fraction": self.hidden_fraction(),
+        }
 
 
 def _covered(start: float, end: float, intervals: list[tuple[float, float]]) -> float:
@@ -80,12 +84,15 @@ def _record_steps(worker, timeline: Timeline) -> None:
     worker.step = timed_step
 
 
-async def measure_overlap(model_dir: str, nats_url: str, redis_url: str, num_requests: int = 16,
-                          max_tokens: int = 32, seed: int = 0) -> dict:
+async def measure_overlap(
+    model_dir: str, nats_url: str, redis_url: str, num_requests: int = 16, max_tokens: int = 32, seed: int = 0
+) -> dict:
     conns, tasks, closers, workers = [], [], [], {}
     timelines = {"prefill": Timeline(), "decode": Timeline()}
-    for cls, settings in ((PrefillBalancer, PrefillBalancerSettings(tick_s=0.2)),
-                          (DecodeBalancer, DecodeBalancerSettings(tick_s=0.2))):
+    for cls, settings in (
+        (PrefillBalancer, PrefillBalancerSettings(tick_s=0.2)),
+        (DecodeBalancer, DecodeBalancerSettings(tick_s=0.2)),
+    ):
         nc = await connect(nats_url, "bench-balancer")
         conns.append(nc)
         await ensure_work_stream(nc.jetstream())
@@ -93,15 +100,23 @@ async def measure_overlap(model_dir: str, nats_url: str, redis_url: str, num_req
         await balancer.start()
         closers.append(balancer.stop)
     for role in ("prefill", "decode"):
-        settings = WorkerSettings(role=role, model=model_dir, worker_id=f"{role}-bench", num_kv_blocks=1024,
-                                  max_running=16, load_interval_s=0.2, redis_url=redis_url)
+        settings = WorkerSettings(
+            role=role,
+            model=model_dir,
+            worker_id=f"{role}-bench",
+            num_kv_blocks=1024,
+            max_running=16,
+            load_interval_s=0.2,
+            redis_url=redis_url,
+        )
         engine = await asyncio.to_thread(build_engine, settings)
         nc = await connect(nats_url, f"bench-{role}")
         conns.append(nc)
         transport = RedisTransport(redis_url)
         closers.append(transport.close)
-        worker = make_worker(nc, settings, engine, RecordingStore(KvStore(transport, engine.kv_namespace),
-                                                                   timelines[role]))
+        worker = make_worker(
+            nc, settings, engine, RecordingStore(KvStore(transport, engine.kv_namespace), timelines[role])
+        )
         _record_steps(worker, timelines[role])
         await worker.start()
         await worker.service.start(nc)
@@ -123,10 +138,11 @@ async def measure_overlap(model_dir: str, nats_url: str, redis_url: str, num_req
     start = time.perf_counter()
     for i in range(num_requests):
         prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(128, 512))]
-        request = GenerateRequest(request_id=f"o{i}", gateway_id="gw", model="bench", prompt_token_ids=prompt,
-                                  sampling=sampling)
+        request = GenerateRequest(
+            request_id=f"o{i}", gateway_id="gw", model="bench", prompt_token_ids=prompt, sampling=sampling
+        )
         await client.request(subjects.SUBMIT, encode(SubmitRequest(request)), timeout=10)
-    while len(finished) < num_requests and time.perf_counter() - start < 300:
+    while len(finished) < num_requests and time.perf_counter() - start < 300:  # noqa: ASYNC110
         await asyncio.sleep(0.05)
     elapsed = time.perf_counter() - start
     for task in tasks:
@@ -138,5 +154,9 @@ async def measure_overlap(model_dir: str, nats_url: str, redis_url: str, num_req
         await close()
     for nc in conns:
         await nc.close()
-    return {"num_requests": num_requests, "num_finished": len(finished), "elapsed_s": elapsed,
-            **{role: t.summary() for role, t in timelines.items()}}
+    return {
+        "num_requests": num_requests,
+        "num_finished": len(finished),
+        "elapsed_s": elapsed,
+        **{role: t.summary() for role, t in timelines.items()},
+    }

@@ -13,12 +13,12 @@ import json
 import tempfile
 from pathlib import Path
 
+from overlap import measure_overlap
+from ttft import measure_ttft
+
 from ferry.launcher.servers import start_nats, start_redis
 from ferry.model import load_model
 from ferry.model.make_model import make_model
-
-from overlap import measure_overlap  # noqa: E402  (run as a script from this folder)
-from ttft import measure_ttft  # noqa: E402
 
 
 def plot(result: dict, path: Path) -> None:
@@ -49,11 +49,11 @@ async def main_async(args: argparse.Namespace) -> dict:
     model_dir = make_model(Path(tempfile.mkdtemp(prefix="ferry-prefix-bench")) / args.model, "llama", args.model)
     lm = load_model(model_dir)
     with start_nats() as nats, start_redis() as redis:
-        ttft = await measure_ttft(lm, redis.url, system_tokens=args.system_tokens, user_tokens=args.user_tokens,
-                                  num_requests=args.requests)
+        ttft = await measure_ttft(
+            lm, redis.url, system_tokens=args.system_tokens, user_tokens=args.user_tokens, num_requests=args.requests
+        )
         overlap = await measure_overlap(str(model_dir), nats.url, redis.url, num_requests=args.overlap_requests)
-    return {"model": args.model, "torch_threads": torch.get_num_threads(), "ttft": ttft,
-            "overlap": overlap}
+    return {"model": args.model, "torch_threads": torch.get_num_threads(), "ttft": ttft, "overlap": overlap}
 
 
 def main() -> None:
@@ -70,8 +70,15 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "prefix.json").write_text(json.dumps(result, indent=2))
     plot(result, args.out / "prefix.png")
-    print(json.dumps({"ttft_p50_s": result["ttft"]["ttft_p50_s"], "speedup_p50": result["ttft"]["speedup_p50"],
-                      "hidden": {r: result["overlap"][r]["hidden_fraction"] for r in ("prefill", "decode")}}))
+    print(
+        json.dumps(
+            {
+                "ttft_p50_s": result["ttft"]["ttft_p50_s"],
+                "speedup_p50": result["ttft"]["speedup_p50"],
+                "hidden": {r: result["overlap"][r]["hidden_fraction"] for r in ("prefill", "decode")},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ Modes run interleaved request by request, so machine noise hits all three alike.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import statistics
 import time
@@ -51,11 +50,26 @@ async def via_store(engine: LLMEngine, store: KvStore, request_id: str, prompt: 
     return first_token(engine, request_id), num_stored
 
 
-async def measure_ttft(lm, redis_url: str, system_tokens: int = 576, user_tokens: int = 64,
-                       num_requests: int = 8, block_size: int = 16, seed: int = 0) -> dict:
+async def measure_ttft(
+    lm,
+    redis_url: str,
+    system_tokens: int = 576,
+    user_tokens: int = 64,
+    num_requests: int = 8,
+    block_size: int = 16,
+    seed: int = 0,
+) -> dict:
     def engine(caching: bool) -> LLMEngine:
-        return LLMEngine(lm, EngineConfig(block_size=block_size, num_kv_blocks=512, role="prefill",
-                                          enable_prefix_caching=caching, max_num_batched_tokens=4096))
+        return LLMEngine(
+            lm,
+            EngineConfig(
+                block_size=block_size,
+                num_kv_blocks=512,
+                role="prefill",
+                enable_prefix_caching=caching,
+                max_num_batched_tokens=4096,
+            ),
+        )
 
     engines = {"cold": engine(False), "store": engine(True), "pool": engine(True)}
     transport = RedisTransport(redis_url)
@@ -85,9 +99,12 @@ async def measure_ttft(lm, redis_url: str, system_tokens: int = 576, user_tokens
     prompt_tokens = num_requests * (system_tokens + user_tokens)
     p50 = {m: statistics.median(v) for m, v in ttft.items()}
     return {
-        "system_tokens": system_tokens, "user_tokens": user_tokens, "num_requests": num_requests,
+        "system_tokens": system_tokens,
+        "user_tokens": user_tokens,
+        "num_requests": num_requests,
         "cached_fraction": (system_tokens // block_size * block_size) / (system_tokens + user_tokens),
-        "ttft_s": ttft, "ttft_p50_s": p50,
+        "ttft_s": ttft,
+        "ttft_p50_s": p50,
         "speedup_p50": {"store_vs_cold": p50["cold"] / p50["store"], "pool_vs_cold": p50["cold"] / p50["pool"]},
         "same_first_tokens": first_token_of["cold"] == first_token_of["store"] == first_token_of["pool"],
         "store_blocks_reused": blocks_reused,

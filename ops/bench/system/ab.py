@@ -51,8 +51,9 @@ def start_both(args: argparse.Namespace) -> dict[str, tuple]:
     """{'baseline': (process, url), 'this': (process, url)}; PYTHONPATH is set for the first only."""
     system_args = argparse.Namespace(prefill_workers=1, decode_workers=1, torch_threads=args.torch_threads)
     tmp = Path(tempfile.mkdtemp(prefix="ferry-ab-"))
-    baseline = start_system(args.model, tmp / "baseline", system_args,
-                            env={**os.environ, "PYTHONPATH": str(args.baseline)})
+    baseline = start_system(
+        args.model, tmp / "baseline", system_args, env={**os.environ, "PYTHONPATH": str(args.baseline)}
+    )
     return {"baseline": baseline, "this": start_system(args.model, tmp / "this", system_args)}
 
 
@@ -81,11 +82,14 @@ def summary(ttft_ms: dict[str, list[float]], load: list[float]) -> dict:
     out: dict = {"num_prompts": len(engine), "load_average_1min": load, "engine_p50_ms": statistics.median(engine)}
     for name in ("baseline", "this"):
         values = ttft_ms[name]
-        out[name] = {"p50_ms": statistics.median(values),
-                     "p50_added_ms": statistics.median(values) - statistics.median(engine),
-                     "added_median_of_pairs_ms": statistics.median(v - e for v, e in zip(values, engine))}
+        out[name] = {
+            "p50_ms": statistics.median(values),
+            "p50_added_ms": statistics.median(values) - statistics.median(engine),
+            "added_median_of_pairs_ms": statistics.median(v - e for v, e in zip(values, engine)),
+        }
     out["this_minus_baseline_median_of_pairs_ms"] = statistics.median(
-        t - b for t, b in zip(ttft_ms["this"], ttft_ms["baseline"]))
+        t - b for t, b in zip(ttft_ms["this"], ttft_ms["baseline"])
+    )
     return out
 
 
@@ -107,8 +111,11 @@ def main() -> int:
     print(json.dumps(result, indent=2))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "summary": result,
-                                        "ttft_ms": ttft_ms}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {"args": {k: str(v) for k, v in vars(args).items()}, "summary": result, "ttft_ms": ttft_ms}, indent=1
+            )
+        )
     return 0
 
 

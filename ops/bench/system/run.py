@@ -36,13 +36,13 @@ import time
 from pathlib import Path
 
 import httpx
+from socket_client import SocketClient
 
 from ferry.bench.http_client import build_body, stream_completion
 from ferry.bench.online import OnlineConfig, make_calls, run_phase
 from ferry.bench.workload import WorkloadConfig, latency_summary, make_workload
 from ferry.launcher.servers import free_port
 from ferry.protocol import SamplingParams
-from socket_client import SocketClient
 
 ENGINE_ARGS = dict(num_kv_blocks=2048, max_num_seqs=32, max_num_batched_tokens=2048)
 
@@ -58,12 +58,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--torch-threads", type=int, help="CPU threads per worker process (ferry up --torch-threads)")
-    p.add_argument("--engine-threads", type=int,
-                   help="torch threads of the in-process engine (default: the workers' total, when --torch-threads)")
+    p.add_argument(
+        "--engine-threads",
+        type=int,
+        help="torch threads of the in-process engine (default: the workers' total, when --torch-threads)",
+    )
     args = p.parse_args()
     if args.ttft_requests > args.num_requests:
-        p.error(f"--ttft-requests {args.ttft_requests}: at most --num-requests ({args.num_requests}); "
-                "the TTFT prompts are the workload's first ones")
+        p.error(
+            f"--ttft-requests {args.ttft_requests}: at most --num-requests ({args.num_requests}); "
+            "the TTFT prompts are the workload's first ones"
+        )
     return args
 
 
@@ -109,15 +114,34 @@ def make_engine(model: Path, threads: int | None):
 
 
 # ---- the system over HTTP ----------------------------------------------------------------------
-def start_system(model: Path, run_dir: Path, args: argparse.Namespace,
-                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+def start_system(
+    model: Path, run_dir: Path, args: argparse.Namespace, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
     """`ferry up` with ENGINE_ARGS (the in-process engine's settings) and args' worker counts and threads;
     env: its environment (default: this process's)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "ferry.cli", "up", "--model", str(model), "--port", str(port),
-           "--prefill-workers", str(args.prefill_workers), "--decode-workers", str(args.decode_workers),
-           "--num-kv-blocks", str(ENGINE_ARGS["num_kv_blocks"]), "--max-running", str(ENGINE_ARGS["max_num_seqs"]),
-           "--max-batch-tokens", str(ENGINE_ARGS["max_num_batched_tokens"]), "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ferry.cli",
+        "up",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--prefill-workers",
+        str(args.prefill_workers),
+        "--decode-workers",
+        str(args.decode_workers),
+        "--num-kv-blocks",
+        str(ENGINE_ARGS["num_kv_blocks"]),
+        "--max-running",
+        str(ENGINE_ARGS["max_num_seqs"]),
+        "--max-batch-tokens",
+        str(ENGINE_ARGS["max_num_batched_tokens"]),
+        "--run-dir",
+        str(run_dir),
+    ]
     if args.torch_threads:
         cmd += ["--torch-threads", str(args.torch_threads)]
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -138,12 +162,16 @@ async def system_offline(base_url: str, model_name: str, calls) -> dict:
     if errors:
         raise SystemExit(f"{len(errors)} requests failed through the system, e.g. {errors[0]}")
     num_tokens = sum(r.num_output_tokens for r in offline.results)
-    return {"duration_s": offline.duration_s, "output_tokens": num_tokens,
-            "output_tokens_per_s": num_tokens / offline.duration_s}
+    return {
+        "duration_s": offline.duration_s,
+        "output_tokens": num_tokens,
+        "output_tokens_per_s": num_tokens / offline.duration_s,
+    }
 
 
-async def ttft_pairs(engine, base_url: str, model_name: str, requests, calls) -> tuple[list[float], list[float],
-                                                                                    list[float]]:
+async def ttft_pairs(
+    engine, base_url: str, model_name: str, requests, calls
+) -> tuple[list[float], list[float], list[float]]:
     """Low-load TTFT, request by request on the same prompt: the engine, then the system through the
     bench's httpx client and through a bare socket (these two in turns, neither always right after
     the engine), so that load from other processes hits every side alike."""
@@ -183,10 +211,12 @@ def round_ratios(engine: dict, system: dict) -> dict:
         side["ttft_ms"] = latency_summary(side.pop("ttft_s"))
     system["ttft_socket_each_ms"] = socket_ms
     system["ttft_socket_ms"] = latency_summary([t / 1000 for t in socket_ms])
-    return {"throughput_ratio": system["offline"]["output_tokens_per_s"] / engine["offline"]["output_tokens_per_s"],
-            "ttft_added_ms": system["ttft_ms"]["p50"] - engine["ttft_ms"]["p50"],
-            "ttft_added_median_of_pairs_ms": statistics.median(pairs_ms),
-            "ttft_added_socket_ms": system["ttft_socket_ms"]["p50"] - engine["ttft_ms"]["p50"]}
+    return {
+        "throughput_ratio": system["offline"]["output_tokens_per_s"] / engine["offline"]["output_tokens_per_s"],
+        "ttft_added_ms": system["ttft_ms"]["p50"] - engine["ttft_ms"]["p50"],
+        "ttft_added_median_of_pairs_ms": statistics.median(pairs_ms),
+        "ttft_added_socket_ms": system["ttft_socket_ms"]["p50"] - engine["ttft_ms"]["p50"],
+    }
 
 
 def report(args, model: Path, rounds: list[dict]) -> dict:
@@ -195,18 +225,29 @@ def report(args, model: Path, rounds: list[dict]) -> dict:
     paired_ms = statistics.median(r["ratios"]["ttft_added_median_of_pairs_ms"] for r in rounds)
     socket_ms = statistics.median(r["ratios"]["ttft_added_socket_ms"] for r in rounds)
     return {
-        "model": str(model), "num_requests": args.num_requests, "ttft_requests": args.ttft_requests,
-        "seed": args.seed, "engine_config": ENGINE_ARGS,
-        "system_workers": {"prefill": args.prefill_workers, "decode": args.decode_workers,
-                           "torch_threads": args.torch_threads or "default"},
+        "model": str(model),
+        "num_requests": args.num_requests,
+        "ttft_requests": args.ttft_requests,
+        "seed": args.seed,
+        "engine_config": ENGINE_ARGS,
+        "system_workers": {
+            "prefill": args.prefill_workers,
+            "decode": args.decode_workers,
+            "torch_threads": args.torch_threads or "default",
+        },
         "engine_threads": args.engine_threads or "default",
         "load_average": {"start": args.load_at_start, "end": os.getloadavg()[0]},
         "rounds": rounds,
-        "ratios": {"output_tokens_per_s_system_over_engine": throughput_ratio,
-                   "p50_ttft_added_ms": ttft_added_ms, "ttft_added_median_of_pairs_ms": paired_ms,
-                   "p50_ttft_added_socket_client_ms": socket_ms,
-                   "goal_throughput_ratio": 0.85, "goal_ttft_added_ms": 10.0,
-                   "meets_throughput_goal": throughput_ratio >= 0.85, "meets_ttft_goal": ttft_added_ms <= 10.0},
+        "ratios": {
+            "output_tokens_per_s_system_over_engine": throughput_ratio,
+            "p50_ttft_added_ms": ttft_added_ms,
+            "ttft_added_median_of_pairs_ms": paired_ms,
+            "p50_ttft_added_socket_client_ms": socket_ms,
+            "goal_throughput_ratio": 0.85,
+            "goal_ttft_added_ms": 10.0,
+            "meets_throughput_goal": throughput_ratio >= 0.85,
+            "meets_ttft_goal": ttft_added_ms <= 10.0,
+        },
     }
 
 
@@ -221,8 +262,13 @@ def plot(out: Path, result: dict) -> None:
     xs = range(len(rounds))
     for offset, side, color in ((-0.2, "engine", "#888"), (0.2, "system", "#1f77b4")):
         label = "engine in-process" if side == "engine" else "system (ferry up)"
-        a.bar([x + offset for x in xs], [r[side]["offline"]["output_tokens_per_s"] for r in rounds], 0.4,
-              color=color, label=label)
+        a.bar(
+            [x + offset for x in xs],
+            [r[side]["offline"]["output_tokens_per_s"] for r in rounds],
+            0.4,
+            color=color,
+            label=label,
+        )
         b.bar([x + offset for x in xs], [r[side]["ttft_ms"]["p50"] for r in rounds], 0.4, color=color, label=label)
     a.set_title("offline output tokens/s, per round")
     b.set_title("p50 TTFT at low load (ms), per round")
@@ -242,9 +288,14 @@ def one_round(engine, base_url: str, model_name: str, args, seed: int) -> dict:
     engine_side = {"offline": engine_offline(engine, requests)}
     system_side = {"offline": asyncio.run(system_offline(base_url, model_name, calls))}
     engine_side["ttft_s"], system_side["ttft_s"], system_side["ttft_socket_s"] = asyncio.run(
-        ttft_pairs(engine, base_url, model_name, requests[: args.ttft_requests], ttft_calls))
-    return {"seed": seed, "engine": engine_side, "system": system_side,
-            "ratios": round_ratios(engine_side, system_side)}
+        ttft_pairs(engine, base_url, model_name, requests[: args.ttft_requests], ttft_calls)
+    )
+    return {
+        "seed": seed,
+        "engine": engine_side,
+        "system": system_side,
+        "ratios": round_ratios(engine_side, system_side),
+    }
 
 
 def main() -> int:

@@ -28,8 +28,10 @@ class SocketClient:
         if self._writer is None:
             self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
         payload = json.dumps(body).encode()
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(payload)}\r\n\r\n").encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        ).encode()
         start = time.perf_counter()
         self._writer.write(head + payload)
         return await asyncio.wait_for(self._read_stream(start), timeout_s)

@@ -29,8 +29,23 @@ from ferry.bench.http_client import build_body, stream_completion
 from ferry.bench.online import make_calls
 from ferry.bench.workload import WorkloadConfig, make_workload
 
-HOPS = ["client.send", "client.write", "gw.asgi", "gw.http", "gw.submit", "pb.submit", "pb.routed",
-        "pw.pulled", "pw.prefix", "pw.step_start", "pw.step_end", "pw.published", "gw.event", "gw.sse", "client.first"]
+HOPS = [
+    "client.send",
+    "client.write",
+    "gw.asgi",
+    "gw.http",
+    "gw.submit",
+    "pb.submit",
+    "pb.routed",
+    "pw.pulled",
+    "pw.prefix",
+    "pw.step_start",
+    "pw.step_end",
+    "pw.published",
+    "gw.event",
+    "gw.sse",
+    "client.first",
+]
 
 
 def stamp_socket_writes() -> list[float]:
@@ -63,12 +78,19 @@ async def send_all(base_url: str, model_name: str, num_requests: int, seed: int,
             engine_ttft_s = engine_ttft(engine, [request])[0] if engine is not None else None
             sent = time.time()
             WRITES.clear()
-            result = await stream_completion(client, f"{base_url}/v1/completions",
-                                             build_body(call, model_name, "extra"), call, 0.0, 60.0)
+            result = await stream_completion(
+                client, f"{base_url}/v1/completions", build_body(call, model_name, "extra"), call, 0.0, 60.0
+            )
             if not result.ok:
                 raise SystemExit(f"request failed: {result.error}")
-            stamps.append({"client.send": sent, "client.write": WRITES[0], "client.first": sent + result.ttft_s,
-                           "engine_ttft_s": engine_ttft_s})
+            stamps.append(
+                {
+                    "client.send": sent,
+                    "client.write": WRITES[0],
+                    "client.first": sent + result.ttft_s,
+                    "engine_ttft_s": engine_ttft_s,
+                }
+            )
     return stamps
 
 
@@ -105,15 +127,19 @@ def summarize(requests: list[dict]) -> None:
             print(f"{hop:<16}{statistics.median(gaps):>32.2f}{gaps[int(0.9 * (len(gaps) - 1))]:>10.2f}")
     total = [(r["client.first"] - r["client.send"]) * 1000 for r in requests]
     step = [(r["pw.step_end"] - r["pw.step_start"]) * 1000 for r in requests if r.get("pw.step_end")]
-    print(f"client TTFT median {statistics.median(total):.2f} ms; worker step median {statistics.median(step):.2f} ms; "
-          f"outside the step {statistics.median(t - s for t, s in zip(total, step)):.2f} ms")
+    print(
+        f"client TTFT median {statistics.median(total):.2f} ms; worker step median {statistics.median(step):.2f} ms; "
+        f"outside the step {statistics.median(t - s for t, s in zip(total, step)):.2f} ms"
+    )
     if requests[0].get("engine_ttft_s") is not None:
         engine = [r["engine_ttft_s"] * 1000 for r in requests]
-        print(f"in-process engine TTFT median {statistics.median(engine):.2f} ms; system - engine: "
-              f"p50 difference {statistics.median(total) - statistics.median(engine):.2f} ms, "
-              f"median of pairs {statistics.median(t - e for t, e in zip(total, engine)):.2f} ms; "
-              f"worker step - engine TTFT median of pairs "
-              f"{statistics.median(s - e for s, e in zip(step, engine)):.2f} ms")
+        print(
+            f"in-process engine TTFT median {statistics.median(engine):.2f} ms; system - engine: "
+            f"p50 difference {statistics.median(total) - statistics.median(engine):.2f} ms, "
+            f"median of pairs {statistics.median(t - e for t, e in zip(total, engine)):.2f} ms; "
+            f"worker step - engine TTFT median of pairs "
+            f"{statistics.median(s - e for s, e in zip(step, engine)):.2f} ms"
+        )
 
 
 def main() -> int:
@@ -127,8 +153,9 @@ def main() -> int:
     engine = make_engine(args.model, args.torch_threads) if args.engine else None
     trace_file = Path(tempfile.mkdtemp(prefix="ferry-trace-")) / "hops.jsonl"
     workers = argparse.Namespace(prefill_workers=1, decode_workers=1, torch_threads=args.torch_threads)
-    process, base_url = start_system(args.model, trace_file.parent / "run", workers,
-                                     env={**os.environ, "FERRY_TRACE_FILE": str(trace_file)})
+    process, base_url = start_system(
+        args.model, trace_file.parent / "run", workers, env={**os.environ, "FERRY_TRACE_FILE": str(trace_file)}
+    )
     try:
         asyncio.run(send_all(base_url, args.model.name, 2, 10**6))  # warm-up
         trace_file.write_text("")

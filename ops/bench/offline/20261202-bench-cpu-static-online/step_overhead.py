@@ -46,15 +46,20 @@ def main() -> None:
         engine = LLMEngine(lm, EngineConfig(**kw))
         engine.runner.lm = shim
         for r in make_workload(WorkloadConfig(num_requests=256, vocab_size=2048, seed=rep)):
-            engine.add_request(str(r.index), r.prompt_token_ids,
-                               SamplingParams(max_tokens=r.max_tokens, temperature=0, ignore_eos=True))
+            engine.add_request(
+                str(r.index),
+                r.prompt_token_ids,
+                SamplingParams(max_tokens=r.max_tokens, temperature=0, ignore_eos=True),
+            )
         while engine.has_unfinished_requests():
             started = time.perf_counter()
             outputs = engine.step()
             if len(outputs) == cap:  # a full batch, every member sampling a token
                 full_ms.append((time.perf_counter() - started) * 1000)
-    print(f"cap {cap} detokenize={detok} ({ferry.__file__}): full-batch step median "
-          f"{statistics.median(full_ms):.3f} ms over {len(full_ms)} steps")
+    print(
+        f"cap {cap} detokenize={detok} ({ferry.__file__}): full-batch step median "
+        f"{statistics.median(full_ms):.3f} ms over {len(full_ms)} steps"
+    )
 
 
 if __name__ == "__main__":
