@@ -21,8 +21,11 @@ are a public interface: add new ones freely, never rename or relabel an existing
 | ferry_kv_store_hits_total | counter | | kvcache: blocks found stored in Redis |
 | ferry_batch_size | histogram | role | workers: sequences in one engine step |
 | ferry_worker_queue_depth | gauge | role, worker | balancers: work queued on each worker's JetStream consumer |
-| ferry_migrations_total | counter | reason | gateway: requests resubmitted after losing their worker |
+| ferry_migrations_total | counter | reason | gateway: requests resubmitted after losing their worker (not errors) |
 | ferry_errors_total | counter | service, kind | everyone: errors (kind: exception class, ErrorReply code) |
+
+Migration reasons: worker_silent (no load reports), tokens_missing, bus_reconnect (the gateway's own
+bus), worker_lost (a worker said so). A request that runs out of attempts counts as an error too.
 
 Hit rates are ratios of counter rates, e.g.
 `rate(ferry_prefix_cache_hits_total[5m]) / rate(ferry_prefix_cache_queries_total[5m])`.

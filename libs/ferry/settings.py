@@ -35,6 +35,13 @@ class ServiceSettings(BaseSettings):
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
     log_json: bool = Field(default=False, description="structured JSON log lines")
     metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus /metrics port; 0 = off")
+    work_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="replicas of the FERRY_WORK JetStream stream (3 on a 3-node NATS cluster); "
+        "an existing stream with more replicas keeps them",
+    )
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -76,7 +76,7 @@ class DecodeBalancer:
 async def serve(settings: DecodeBalancerSettings) -> int:
     """Run one decode-balancer until SIGTERM/SIGINT; the exit status."""
     nc = await connect(settings.nats_url, "decode-balancer")
-    await ensure_work_stream(nc.jetstream())
+    await ensure_work_stream(nc.jetstream(), replicas=settings.work_replicas)
     balancer = DecodeBalancer(nc, settings)
     await balancer.runtime.start(balancer.reroute)
     start_metrics_server(settings.metrics_port)

@@ -67,7 +67,7 @@ class LossWatch:
             return None
         if now - self._noticed_at > RECONNECT_QUIET_S:
             self._noticed_at = None
-            return Lost(self.request_id, "", "nothing heard since the gateway's bus reconnected")
+            return Lost(self.request_id, "", "nothing heard since the gateway's bus reconnected", "bus_reconnect")
         return None
 
 
@@ -79,7 +79,7 @@ def holder_lost(bus: GatewayBus, request_id: str, now: float) -> Lost | None:
     overdue = bus.workers.silent_for(pending.holder, now)
     if overdue is None or overdue <= 0:
         return None
-    return Lost(request_id, pending.holder, "no load report for more than 3 intervals")
+    return Lost(request_id, pending.holder, "no load report for more than 3 intervals", "worker_silent")
 
 
 def settle_delay_s(bus: GatewayBus, lost: Lost, now: float) -> float:
@@ -130,6 +130,6 @@ async def migrate(bus: GatewayBus, request: GenerateRequest, lost: Lost, max_att
             last_problem = f"resubmit refused ({exc.code})"
             await asyncio.sleep(max(RETRY_SUBMIT_S, exc.retry_after_s))
             continue
-        metrics.ERRORS.labels("gateway", "migrated").inc()
+        metrics.MIGRATIONS.labels(lost.cause).inc()  # a migration is recovery, not an error
         pending.holder = reply.worker_id
         return request

@@ -22,6 +22,9 @@ class Lost:
     request_id: str
     worker_id: str
     reason: str
+    cause: str = "worker_lost"
+    """Bounded, for the `reason` label of ferry_migrations_total: worker_silent, tokens_missing,
+    bus_reconnect, worker_lost (a worker said so)."""
 
 
 Event = TokenEvent | ErrorEvent | Lost
@@ -90,7 +93,9 @@ class RequestTracker:
         if event.index > pending.next_index:  # tokens went missing: never show a gap, redo from here
             self.num_gaps += 1
             pending.attempt += 1  # whatever this attempt still sends is stale now
-            pending.queue.put_nowait(Lost(event.request_id, worker_id, f"tokens {pending.next_index}.. missing"))
+            pending.queue.put_nowait(
+                Lost(event.request_id, worker_id, f"tokens {pending.next_index}.. missing", "tokens_missing")
+            )
             return
         pending.holder = worker_id
         pending.next_index = event.index + len(event.token_ids)

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from nats.aio.client import Client
 from redis.exceptions import RedisError
 
+from ferry import metrics
 from ferry.bus import BusError, Service, connect, run_service
 from ferry.kvstore import KvStoreError, KvStoreUnavailable, RedisTransport, block_key, num_leading_present
 from ferry.kvstore.index import BlockIndex
@@ -75,6 +76,8 @@ class KvCache:
         self.num_lookups += 1
         self.num_lookup_blocks += len(keys)
         self.num_lookup_hits += num_cached
+        metrics.KV_STORE_LOOKUPS.inc(len(keys))
+        metrics.KV_STORE_HITS.inc(num_cached)
         return KvLookupReply(num_cached_blocks=num_cached)
 
     async def stats(self, request: KvStatsRequest) -> KvStats:

@@ -130,7 +130,7 @@ class PrefillBalancer:
 async def serve(settings: PrefillBalancerSettings) -> int:
     """Run one prefill-balancer until SIGTERM/SIGINT; the exit status."""
     nc = await connect(settings.nats_url, "prefill-balancer")
-    await ensure_work_stream(nc.jetstream())
+    await ensure_work_stream(nc.jetstream(), replicas=settings.work_replicas)
     balancer = PrefillBalancer(nc, settings)
     await balancer.start_inputs()
     start_metrics_server(settings.metrics_port)

@@ -61,7 +61,7 @@ async def serve(settings: WorkerSettings) -> int:
         engine.stats().kv_blocks_total,
     )
     nc = await connect(settings.nats_url, f"worker-{settings.worker_id}")
-    await ensure_work_stream(nc.jetstream())
+    await ensure_work_stream(nc.jetstream(), replicas=settings.work_replicas)
     transport = RedisTransport(settings.redis_url)
     worker = make_worker(nc, settings, engine, KvStore(transport, engine.kv_namespace))
     await worker.start()

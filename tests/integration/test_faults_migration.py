@@ -9,6 +9,7 @@ import asyncio
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 
 from ferry.protocol import (
     Cancel,
@@ -121,7 +122,16 @@ async def until(predicate, timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
+def _migrations(reason: str) -> float:
+    return REGISTRY.get_sample_value("ferry_migrations_total", {"reason": reason}) or 0.0
+
+
+def _errors(kind: str) -> float:
+    return REGISTRY.get_sample_value("ferry_errors_total", {"service": "gateway", "kind": kind}) or 0.0
+
+
 async def test_a_silent_holder_is_migrated_with_the_tokens_so_far(cluster):
+    migrations_before, errors_before = _migrations("worker_silent"), _errors("migrated")
     gen = Generation(cluster.bus, request(), timeout_s=10, max_attempts=3)
     await gen.start(16, 1.0, time.monotonic())
     got: list[int] = []
@@ -142,6 +152,8 @@ async def test_a_silent_holder_is_migrated_with_the_tokens_so_far(cluster):
     await asyncio.wait_for(reader, 5)
     assert got == [10, 11, 12, 13, 14, 15]
     assert cluster.bus.tracker.num_stale == 1 and cluster.bus.tracker.num_duplicates == 1
+    # counted as a migration (the dashboard's panel), not as an error
+    assert _migrations("worker_silent") == migrations_before + 1 and _errors("migrated") == errors_before
     await gen.close()
 
 
@@ -157,6 +169,7 @@ async def test_a_gap_in_the_tokens_is_redone_not_shown(cluster):
     await cluster.send("p2", 2, [12, 13, 14, 15], attempt=1, finish="length")
     await asyncio.wait_for(reader, 5)
     assert got == [10, 11, 12, 13, 14, 15] and cluster.bus.tracker.num_gaps == 1
+    assert _migrations("tokens_missing") >= 1
     await gen.close()
 
 

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+from prometheus_client import REGISTRY
 
 from ferry.kvstore import KvStore, RedisTransport, block_key
 from ferry.launcher.servers import start_redis
@@ -117,10 +118,18 @@ async def test_stats_count_blocks_bytes_and_lookup_hits(nc, nats_url, redis_url,
         s = await eventually(lambda: _stats_with_blocks(nc, 5))
         assert s.num_bytes > 5 * 4096 and s.blocks_per_namespace == {NS: 5}
         assert s.eviction_policy == "allkeys-lru" and s.used_memory_bytes > 0
+        lookups_before, hits_before = _counter("ferry_kv_store_lookups"), _counter("ferry_kv_store_hits")
         await ask(nc, subjects.KV_LOOKUP, KvLookup(kv_namespace=NS, block_hashes=chain(3, seed=1) + chain(1, 9)))
         s = await stats(nc, NS)
         assert (s.num_lookups, s.lookup_hit_rate) == (1, 0.75)
+        # the dashboard's KV store hit rate: 4 blocks asked, 3 found
+        assert _counter("ferry_kv_store_lookups") - lookups_before == 4
+        assert _counter("ferry_kv_store_hits") - hits_before == 3
         assert (await stats(nc, "other-model")).num_blocks == 0
+
+
+def _counter(name: str) -> float:
+    return REGISTRY.get_sample_value(f"{name}_total") or 0.0
 
 
 async def _stats_with_blocks(nc, n):

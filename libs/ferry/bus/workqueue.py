@@ -10,6 +10,7 @@ held by a worker that died comes back (the gateway's migration handles the reque
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -37,9 +38,13 @@ M = TypeVar("M")
 WORK_MAX_AGE_S = 3600.0
 """Work nobody pulled within an hour is dropped: its client gave up long ago."""
 STREAM_EXISTS_ERR_CODE = 10058  # "stream name already in use with a different configuration"
+COMPARED_FIELDS = ("subjects", "retention", "storage", "discard", "max_age", "max_msg_size", "num_replicas")
+"""What ferry sets on FERRY_WORK; the server fills in the rest, which is never compared."""
 
 
-def work_stream_config(storage: StorageType = StorageType.FILE) -> StreamConfig:
+def work_stream_config(storage: StorageType = StorageType.FILE, replicas: int = 1) -> StreamConfig:
+    if not 1 <= replicas <= 5:
+        raise ValueError(f"replicas={replicas!r} must be in 1..5 (JetStream's limit)")
     return StreamConfig(
         name=subjects.WORK_STREAM,
         subjects=[subjects.WORK_ALL],
@@ -48,19 +53,76 @@ def work_stream_config(storage: StorageType = StorageType.FILE) -> StreamConfig:
         discard=DiscardPolicy.OLD,
         max_age=WORK_MAX_AGE_S,
         max_msg_size=MAX_MESSAGE_BYTES,
+        num_replicas=replicas,
         description="ferry: queued prefill/decode work, one subject per worker",
     )
 
 
-async def ensure_work_stream(js: JetStreamContext, storage: StorageType = StorageType.FILE) -> None:
-    """Create FERRY_WORK, or bring an existing one to this configuration. Safe to call from every process."""
-    config = work_stream_config(storage)
+async def ensure_work_stream(js: JetStreamContext, storage: StorageType = StorageType.FILE, replicas: int = 1) -> None:
+    """Create FERRY_WORK with `replicas` (FERRY_WORK_REPLICAS), or bring an existing one to this configuration.
+
+    Safe to call from every process at every start: an existing stream that already matches is left
+    alone (no update), one that differs is updated with a warning naming each change, and one with
+    more replicas than asked keeps them: a service started without FERRY_WORK_REPLICAS never shrinks
+    a replicated queue."""
+    wanted = work_stream_config(storage, replicas)
+    try:
+        existing = (await js.stream_info(subjects.WORK_STREAM)).config
+    except NotFoundError:
+        if await _create(js, wanted):
+            return
+        existing = (await js.stream_info(subjects.WORK_STREAM)).config  # another process was first
+    await _reconcile(js, existing, wanted)
+
+
+async def _create(js: JetStreamContext, config: StreamConfig) -> bool:
+    """True if created here; False if another process created it meanwhile."""
     try:
         await js.add_stream(config)
     except BadRequestError as exc:
-        if exc.err_code != STREAM_EXISTS_ERR_CODE:
-            raise
-        await js.update_stream(config)
+        if exc.err_code == STREAM_EXISTS_ERR_CODE:
+            return False
+        raise _stream_error(exc, config) from None
+    log.info("created stream %s with %d replica(s)", config.name, config.num_replicas)
+    return True
+
+
+async def _reconcile(js: JetStreamContext, existing: StreamConfig, wanted: StreamConfig) -> None:
+    if (existing.num_replicas or 1) > wanted.num_replicas:
+        log.info(
+            "stream %s keeps its %d replicas (this service asks %d: FERRY_WORK_REPLICAS); never reduced here",
+            wanted.name,
+            existing.num_replicas,
+            wanted.num_replicas,
+        )
+        wanted = dataclasses.replace(wanted, num_replicas=existing.num_replicas)
+    changes = stream_config_changes(existing, wanted)
+    if not changes:
+        return
+    log.warning("updating stream %s: %s", wanted.name, "; ".join(changes))
+    try:
+        await js.update_stream(wanted)
+    except BadRequestError as exc:
+        raise _stream_error(exc, wanted) from None
+
+
+def stream_config_changes(existing: StreamConfig, wanted: StreamConfig) -> list[str]:
+    """`field: old -> new` for every field ferry sets that differs."""
+    changes = []
+    for name in COMPARED_FIELDS:
+        old, new = getattr(existing, name), getattr(wanted, name)
+        if name == "num_replicas":
+            old = old or 1  # the server may leave it unset for R1
+        if old != new:
+            changes.append(f"{name}: {old!r} -> {new!r}")
+    return changes
+
+
+def _stream_error(exc: BadRequestError, config: StreamConfig) -> RuntimeError:
+    return RuntimeError(
+        f"JetStream refused stream {config.name} with {config.num_replicas} replica(s) "
+        f"(FERRY_WORK_REPLICAS; a NATS cluster of at least that many JetStream nodes is needed): {exc.description}"
+    )
 
 
 async def publish_work(js: JetStreamContext, role: str, worker_id: str, msg: Any, timeout_s: float = 5.0) -> int:

@@ -7,6 +7,9 @@ It is compiled once per machine with torch.utils.cpp_extension (~10-60 s) and ca
 extension directory, or under FERRY_KERNEL_CACHE when set. The build uses -march=native, so the
 build name carries a hash of the CPU's feature flags (and of the source, flags and torch version):
 a cache directory shared between different machines never hands one a binary built for another.
+FERRY_KERNEL_MARCH=<gcc -march value> builds for that target instead of this CPU (the CPU image
+builds `x86-64-v3`, AVX2, at image build time); the name then carries the target, not the CPU.
+A library already built under FERRY_KERNEL_CACHE is loaded as it is: no compiler at run time.
 When the build fails (no compiler, ...) one warning says why and callers use the torch reference.
 """
 
@@ -28,7 +31,6 @@ HEADERS = [Path(__file__).with_name("csrc") / "cpu_math.h"]  # included by SOURC
 # reassociation (not -ffast-math: the online softmax relies on -inf) lets reductions use vector trees
 CFLAGS = [
     "-O3",
-    "-march=native",
     "-fopenmp-simd",
     "-fno-math-errno",
     "-fno-trapping-math",
@@ -52,12 +54,25 @@ def _cpu_features() -> str:
     return f"{platform.machine()} {platform.processor()}"
 
 
+def march() -> str:
+    """The compiler's target: FERRY_KERNEL_MARCH, else this CPU ('native')."""
+    value = os.environ.get("FERRY_KERNEL_MARCH", "").strip() or "native"
+    if not value.replace("-", "").replace(".", "").replace("+", "").isalnum():
+        raise ValueError(f"FERRY_KERNEL_MARCH={value!r} is not a -march value (e.g. native, x86-64-v3)")
+    return value
+
+
+def cflags() -> list[str]:
+    return [*CFLAGS, f"-march={march()}"]
+
+
 def build_name() -> str:
     digest = hashlib.sha256()
+    target = march()
     for part in (
         *(f.read_bytes() for f in SOURCES + HEADERS),
-        " ".join(CFLAGS).encode(),
-        _cpu_features().encode(),
+        " ".join(cflags()).encode(),
+        (_cpu_features() if target == "native" else target).encode(),
         torch.__version__.encode(),
     ):
         digest.update(part)
@@ -68,15 +83,19 @@ def _build():
     from torch.utils.cpp_extension import load
 
     name = build_name()
-    _ninja_on_path()
     build_dir = None
     if os.environ.get("FERRY_KERNEL_CACHE"):
         build_dir = Path(os.environ["FERRY_KERNEL_CACHE"]) / name
+        prebuilt = build_dir / f"{name}.so"
+        if prebuilt.is_file():  # its name pins sources, flags, target and torch: load it as it is
+            torch.ops.load_library(str(prebuilt))
+            return torch.ops.ferry_cpu.paged_decode_attention
         build_dir.mkdir(parents=True, exist_ok=True)
+    _ninja_on_path()
     load(
         name=name,
         sources=[str(f) for f in SOURCES],
-        extra_cflags=CFLAGS,
+        extra_cflags=cflags(),
         build_directory=build_dir and str(build_dir),
         is_python_module=False,
         verbose=False,

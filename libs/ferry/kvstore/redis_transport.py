@@ -20,15 +20,10 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ferry.kvstore.errors import KvStoreError, KvStoreUnavailable
+from ferry.redact import redact_url
 
 T = TypeVar("T")
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError)
-
-
-def redact_url(url: str) -> str:
-    """The URL without user and password, for logs and error messages."""
-    scheme, sep, rest = url.partition("://")
-    return f"{scheme}{sep}{rest.rpartition('@')[2]}"
 
 
 def connect_redis(url: str, timeout_s: float = 2.0) -> aioredis.Redis:

@@ -22,8 +22,12 @@ def run(args: argparse.Namespace) -> int:
     module = SERVICE_MODULES[args.name]
     if importlib.util.find_spec(f"{module}.__main__") is None:
         raise SystemExit(f"ferry: service {args.name!r} is not available in this build ({module})")
+    from ferry.bus.connect import CredentialsRefused, NatsUnreachable
+
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except (CredentialsRefused, NatsUnreachable) as exc:  # a setting, not a bug: no stack trace
+        raise SystemExit(f"ferry serve {args.name}: {exc} (FERRY_NATS_URL)") from None
     except SystemExit as exc:  # the service's main() exits with its status
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0
