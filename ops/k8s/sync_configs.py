@@ -1,4 +1,4 @@
-"""Copy ops/nats/auth.conf and ops/redis/redis.conf into their Kubernetes ConfigMaps.
+"""Copy ops/nats/auth.conf and ops/redis/{redis.conf,users.acl,start.sh} into their Kubernetes ConfigMaps.
 
 The manifests stay plain YAML (kubectl apply -f ops/k8s/), so the server configs are embedded
 copies; run this after editing either file:
@@ -18,6 +18,8 @@ OPS = Path(__file__).resolve().parents[1]
 COPIES = (
     (OPS / "k8s/nats.yaml", "auth.conf", OPS / "nats/auth.conf"),
     (OPS / "k8s/redis.yaml", "redis.conf", OPS / "redis/redis.conf"),
+    (OPS / "k8s/redis.yaml", "users.acl", OPS / "redis/users.acl"),
+    (OPS / "k8s/redis.yaml", "start.sh", OPS / "redis/start.sh"),
 )
 INDENT = "    "
 

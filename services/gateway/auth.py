@@ -1,7 +1,8 @@
 """API keys and request-size limits, as one ASGI layer in front of the gateway's app.
 
 Keys come from `FERRY_API_KEYS` (comma separated) and/or `FERRY_API_KEY_FILE` (one per line, '#'
-comments). With no key configured the gateway is open, and says so once at start. A request must
+comments). With no key configured the gateway is open, and says so once at start; it refuses to
+start open on an address other machines can reach (`exposure_problem`) unless FERRY_ALLOW_OPEN=1. A request must
 carry `Authorization: Bearer <key>`; the key is checked against every configured key in constant
 time (SHA-256 of both sides, then `hmac.compare_digest`, without stopping at the first match), so
 neither the match position nor a key's length leaks through timing. Probes (`/health`, `/ready`)
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 from collections.abc import Iterable
@@ -183,6 +185,27 @@ def lone_surrogate_field(value: Any, path: str = "") -> str | None:
             if found:
                 return found
     return None
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:  # a host name: it resolves to who knows what
+        return False
+
+
+def exposure_problem(host: str, keys: ApiKeys, allow_open: bool) -> str:
+    """Why the gateway must not start like this ('' = fine): open to every machine that reaches `host`."""
+    if keys.enabled or allow_open or is_loopback(host):
+        return ""
+    return (
+        f"ferry gateway: FERRY_HTTP_HOST={host} is reachable from other machines and no API key is set: "
+        "set FERRY_API_KEYS or FERRY_API_KEY_FILE (python ops/make_secrets.py makes one), "
+        "or FERRY_ALLOW_OPEN=1 to serve without keys on purpose"
+    )
 
 
 def install_guard(app, keys: ApiKeys, max_body_bytes: int) -> None:

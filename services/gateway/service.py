@@ -14,6 +14,7 @@ import uvicorn
 
 from ferry.metrics import start_metrics_server
 from ferry_services.gateway.app import create_app
+from ferry_services.gateway.auth import ApiKeys, exposure_problem, is_loopback
 from ferry_services.gateway.bus import GatewayBus
 from ferry_services.gateway.convert import ModelLimits
 from ferry_services.gateway.settings import GatewaySettings
@@ -36,6 +37,13 @@ class _HttpServer(uvicorn.Server):
 
 async def serve(settings: GatewaySettings) -> int:
     """Serve until SIGTERM/SIGINT: in-flight responses get a few seconds, then the bus drains."""
+    problem = exposure_problem(
+        settings.http_host, ApiKeys.from_settings(settings.api_keys, settings.api_key_file), settings.allow_open
+    )
+    if problem:
+        raise SystemExit(problem)
+    if settings.allow_open and not is_loopback(settings.http_host):
+        log.warning("FERRY_ALLOW_OPEN=1: serving WITHOUT API keys on %s", settings.http_host)
     info = load_model_info(settings.model)
     bus = GatewayBus(settings.gateway_id, settings.submit_timeout_s)
     await bus.start(settings.nats_url)

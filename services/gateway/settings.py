@@ -17,7 +17,9 @@ class GatewaySettings(ServiceSettings):
         pattern=r"^[A-Za-z0-9_-]+$",
         description="names this gateway's ferry.out.<id> subject; unique per replica",
     )
-    http_host: str = Field(default="0.0.0.0")
+    http_host: str = Field(
+        default="127.0.0.1", description="listen address; a non-loopback one needs API keys or FERRY_ALLOW_OPEN=1"
+    )
     http_port: int = Field(default=8000, ge=0, le=65535)
     request_timeout_s: float = Field(
         default=120.0, gt=0, description="a request that hears nothing for this long fails"
@@ -29,6 +31,9 @@ class GatewaySettings(ServiceSettings):
         default=0, ge=0, description="prompt + max_tokens limit; 0 = the model's max_position_embeddings"
     )
     api_keys: str = Field(default="", repr=False, description="accepted Bearer keys, comma separated; none = open")
+    allow_open: bool = Field(
+        default=False, description="serve without API keys on a non-loopback FERRY_HTTP_HOST (on purpose)"
+    )
     api_key_file: str = Field(default="", description="file with one accepted key per line (adds to api_keys)")
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1, description="larger request bodies get 413")
     max_attempts: int = Field(default=3, ge=1, description="tries per request, migrations included")

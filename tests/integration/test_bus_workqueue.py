@@ -133,3 +133,22 @@ async def test_queued_work_waits_for_a_worker_that_starts_later(js):
         assert len(await consumer.fetch(8, Cancel)) == 2
     finally:
         await consumer.close()
+
+
+async def test_a_stream_that_differs_is_updated_once_and_said_so(js, caplog):
+    import dataclasses
+    import logging
+
+    from ferry.bus import work_stream_config
+
+    caplog.set_level(logging.INFO, logger="ferry.bus")
+    await js.add_stream(dataclasses.replace(work_stream_config(), max_age=60.0))  # an older ferry's stream
+    await ensure_work_stream(js)
+    await ensure_work_stream(js)
+    assert (await js.stream_info(subjects.WORK_STREAM)).config.max_age == work_stream_config().max_age
+    assert caplog.text.count("updating stream FERRY_WORK: max_age: 60.0 -> 3600.0") == 1
+
+
+async def test_more_replicas_than_the_server_has_is_a_clear_error(js):
+    with pytest.raises(RuntimeError, match="FERRY_WORK_REPLICAS"):
+        await ensure_work_stream(js, replicas=3)  # one nats-server: no room for 3 replicas

@@ -85,3 +85,29 @@ async def test_client_reconnects_after_a_server_restart_and_jetstream_keeps_work
     finally:
         await nc.close()
         server.stop()
+
+
+async def test_connect_never_logs_credentials(caplog):
+    """A URL with a password, unreachable, then a server that refuses it: the password appears in
+    no log line and no error message (bus/connect.py logged the connected URL with user:password)."""
+    import logging
+
+    from ferry.bus.connect import CredentialsRefused
+
+    caplog.set_level(logging.DEBUG, logger="ferry.bus")
+    secret = "s3cret-pw"
+    with pytest.raises(TimeoutError) as unreachable:
+        await connect(f"nats://worker:{secret}@127.0.0.1:{free_port()}", name="nobody", connect_timeout_s=2)
+    with start_nats() as server:
+        port = server.port
+    refusing = start_nats(port=port, extra_args=["--auth", "the-right-token"])
+    try:
+        with pytest.raises(CredentialsRefused) as refused:
+            await connect(f"nats://{secret}@127.0.0.1:{port}", name="bad-token", connect_timeout_s=10)
+        nc = await connect(f"nats://the-right-token@127.0.0.1:{port}", name="good-token", connect_timeout_s=5)
+        await nc.close()
+    finally:
+        refusing.stop()
+    shown = [r.getMessage() for r in caplog.records] + [str(unreachable.value), str(refused.value)]
+    assert any("not reachable" in line for line in shown) and "***" in str(refused.value)
+    assert not [line for line in shown if secret in line or "the-right-token" in line]

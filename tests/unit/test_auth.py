@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from ferry.model.make_model import make_model
 from ferry_services.gateway.app import create_app
-from ferry_services.gateway.auth import ApiKeys
+from ferry_services.gateway.auth import ApiKeys, exposure_problem
 from ferry_services.gateway.bus import GatewayBus
 from ferry_services.gateway.service import model_limits
 from ferry_services.gateway.settings import GatewaySettings
@@ -132,3 +132,41 @@ def test_key_file_errors_name_the_file_not_its_content(tmp_path):
     keys = ApiKeys.from_settings("a,b,a", "")
     assert len(keys) == 2 and keys.allows("Bearer b") and not keys.allows("Bearer c")
     assert ApiKeys([]).allows(None) and not ApiKeys([]).enabled
+
+
+@pytest.mark.parametrize(
+    ("host", "keys", "allow_open", "refused"),
+    [
+        ("0.0.0.0", [], False, True),  # the old default in compose and k8s: open to the network
+        ("::", [], False, True),
+        ("10.1.2.3", [], False, True),
+        ("gateway.internal", [], False, True),
+        ("0.0.0.0", ["k1"], False, False),
+        ("0.0.0.0", [], True, False),  # FERRY_ALLOW_OPEN=1: on purpose
+        ("127.0.0.1", [], False, False),
+        ("127.0.0.2", [], False, False),
+        ("::1", [], False, False),
+        ("localhost", [], False, False),
+    ],
+)
+def test_an_open_gateway_on_a_reachable_address_is_refused(host, keys, allow_open, refused):
+    problem = exposure_problem(host, ApiKeys(keys), allow_open)
+    assert bool(problem) == refused
+    if refused:
+        assert f"FERRY_HTTP_HOST={host}" in problem and "FERRY_API_KEYS" in problem and "FERRY_ALLOW_OPEN=1" in problem
+
+
+def test_the_gateway_process_stops_at_start_with_the_reason(model_dir):
+    """No key, listening on every interface: one line naming the fix, exit status 1, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
+    env.update(FERRY_MODEL=str(model_dir), FERRY_HTTP_HOST="0.0.0.0", FERRY_NATS_URL="nats://127.0.0.1:1")
+    result = subprocess.run(
+        [sys.executable, "-m", "ferry_services.gateway"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1
+    assert "FERRY_HTTP_HOST=0.0.0.0 is reachable from other machines and no API key is set" in result.stderr
+    assert "Traceback" not in result.stderr

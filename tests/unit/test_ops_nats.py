@@ -4,6 +4,7 @@ per-service permissions hold: forbidden publishes and consumes are refused by th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -239,3 +240,36 @@ async def test_the_bus_work_queue_path_runs_under_the_service_users(server_port)
     assert await worker.violations() == [] and await balancer.violations() == []
     await worker.nc.close()
     await balancer.nc.close()
+
+
+async def test_a_worker_can_touch_nothing_in_jetstream_but_its_own_queue(server_port):
+    """auth.conf's worker user: FERRY_WORK's own consumer API only. Each refused request is a
+    permissions violation (the request never reaches JetStream), and the stream and consumers
+    are unchanged afterwards."""
+    admin, worker = await _as(server_port, "admin"), await _as(server_port, "worker")
+    js = admin.nc.jetstream()
+    with contextlib.suppress(Exception):
+        await js.delete_stream("FERRY_WORK")
+    await _setup_work_stream(admin)
+    await js.publish("ferry.work.prefill.w1", b"queued")
+    refused = [
+        "$JS.API.CONSUMER.DELETE.FERRY_WORK.prefill-w1",  # another worker's (or its own) queue
+        "$JS.API.STREAM.PURGE.FERRY_WORK",
+        "$JS.API.STREAM.DELETE.FERRY_WORK",
+        "$JS.API.STREAM.MSG.DELETE.FERRY_WORK",
+        "$JS.API.STREAM.CREATE.OTHER",
+        "$JS.API.STREAM.LIST",
+        "ferry.work.prefill.w1",  # enqueueing is the balancers' job
+        "ferry.submit",
+    ]
+    for subject in refused:
+        await worker.nc.publish(subject, b"{}")
+    violations = await worker.violations()
+    # nats-py lower-cases the whole line
+    assert violations == [f'nats: permissions violation for publish to "{s.lower()}"' for s in refused]
+    info = await js.stream_info("FERRY_WORK")
+    assert info.state.messages == 1 and [c.name for c in await js.consumers_info("FERRY_WORK")] == ["prefill-w1"]
+    # what it may do: read its consumer and pull from it
+    assert (await worker.nc.jetstream().consumer_info("FERRY_WORK", "prefill-w1")).num_pending == 1
+    await admin.nc.close()
+    await worker.nc.close()

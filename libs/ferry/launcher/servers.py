@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,8 @@ class ServerHandle:
     workdir: Path
     log_path: Path
     owns_workdir: bool = True
+    monitor_url: str = ""
+    """nats-server's HTTP monitoring (/varz, /jsz, /healthz), when it serves one."""
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Terminate (SIGTERM, then SIGKILL after `timeout_s`) and clean up. Idempotent."""
@@ -73,29 +76,31 @@ def find_binary(name: str, fallbacks: tuple[str, ...] = ()) -> str:
 
 
 def start_nats(
-    port: int | None = None, store_dir: str | Path | None = None, host: str = "127.0.0.1", binary: str | None = None
+    port: int | None = None,
+    store_dir: str | Path | None = None,
+    host: str = "127.0.0.1",
+    binary: str | None = None,
+    monitor_port: int | None = None,
+    extra_args: Sequence[str] = (),
 ) -> ServerHandle:
-    """nats-server with JetStream; its store in `store_dir` (kept) or a temporary folder (removed by stop)."""
+    """nats-server with JetStream; its store in `store_dir` (kept) or a temporary folder (removed by stop).
+
+    `monitor_port` turns on the HTTP monitoring endpoint (0 = a free port); `extra_args` go to
+    nats-server as they are (e.g. `--auth <token>`)."""
     binary = binary or find_binary("nats-server", ("/usr/sbin/nats-server", "/usr/local/bin/nats-server"))
     workdir, owns = _workdir("ferry-nats-", store_dir)
     port = port or free_port(host)
     log_path = workdir / "nats-server.log"
     server_name = f"ferry-{port}-{uuid.uuid4().hex[:8]}"  # tells our server from another on the port
-    cmd = [
-        binary,
-        "-a",
-        host,
-        "-p",
-        str(port),
-        "-js",
-        "-sd",
-        str(workdir / "jetstream"),
-        "-l",
-        str(log_path),
-        "--server_name",
-        server_name,
-    ]
+    cmd = [binary, "-a", host, "-p", str(port), "-js", "-sd", str(workdir / "jetstream"), "-l", str(log_path)]
+    cmd += ["--server_name", server_name, *extra_args]
+    monitor_url = ""
+    if monitor_port is not None:
+        monitor_port = monitor_port or free_port(host)
+        cmd += ["-m", str(monitor_port)]
+        monitor_url = f"http://{host}:{monitor_port}"
     handle = _spawn("nats-server", cmd, f"nats://{host}:{port}", port, workdir, owns, log_path)
+    handle.monitor_url = monitor_url
     _wait_ready(handle, host, lambda s: f'"server_name":"{server_name}"'.encode() in _read_until(s, b"\r\n"))
     return handle
 
