@@ -19,6 +19,9 @@ are a public interface: add new ones freely, never rename or relabel an existing
 | ferry_prefix_cache_hits_total | counter | role | workers: of those, tokens found cached (hit rate = hits / queries) |
 | ferry_kv_store_lookups_total | counter | | kvcache: blocks asked for in prefix lookups |
 | ferry_kv_store_hits_total | counter | | kvcache: blocks found stored in Redis |
+| ferry_kv_store_used_bytes | gauge | | kvcache: Redis used_memory (INFO), sampled every FERRY_KV_HEALTH_INTERVAL_S |
+| ferry_kv_store_max_bytes | gauge | | kvcache: Redis maxmemory (0 = unlimited) |
+| ferry_kv_store_evictions_total | counter | | kvcache: blocks Redis evicted to stay under maxmemory |
 | ferry_batch_size | histogram | role | workers: sequences in one engine step |
 | ferry_worker_queue_depth | gauge | role, worker | balancers: work queued on each worker's JetStream consumer |
 | ferry_migrations_total | counter | reason | gateway: requests resubmitted after losing their worker (not errors) |
@@ -71,6 +74,9 @@ PREFIX_CACHE_QUERIES = Counter("ferry_prefix_cache_queries", "Prompt tokens look
 PREFIX_CACHE_HITS = Counter("ferry_prefix_cache_hits", "Prompt tokens found in the prefix cache.", ["role"])
 KV_STORE_LOOKUPS = Counter("ferry_kv_store_lookups", "Blocks asked for in KV store prefix lookups.")
 KV_STORE_HITS = Counter("ferry_kv_store_hits", "Blocks found stored in the KV store.")
+KV_STORE_USED_BYTES = Gauge("ferry_kv_store_used_bytes", "Memory the KV store's Redis uses (INFO used_memory).")
+KV_STORE_MAX_BYTES = Gauge("ferry_kv_store_max_bytes", "The KV store's Redis maxmemory (0 = unlimited).")
+KV_STORE_EVICTIONS = Counter("ferry_kv_store_evictions", "Blocks Redis evicted to stay under maxmemory.")
 BATCH_SIZE = Histogram("ferry_batch_size", "Sequences in one engine step.", ["role"], buckets=BATCH_BUCKETS)
 WORKER_QUEUE_DEPTH = Gauge(
     "ferry_worker_queue_depth", "Messages queued on a worker's JetStream consumer.", ["role", "worker"]
@@ -92,6 +98,9 @@ ALL_METRICS = (
     PREFIX_CACHE_HITS,
     KV_STORE_LOOKUPS,
     KV_STORE_HITS,
+    KV_STORE_USED_BYTES,
+    KV_STORE_MAX_BYTES,
+    KV_STORE_EVICTIONS,
     BATCH_SIZE,
     WORKER_QUEUE_DEPTH,
     MIGRATIONS,

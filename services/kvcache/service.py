@@ -131,6 +131,7 @@ class KvCache:
             self.index.resync(await redis_admin.scan_blocks(self.client))
             await self._publish_changes()
             self._set_degraded(False, "")
+            await self._sample_memory()
             await self._follow(pubsub, stop)
         finally:
             with contextlib.suppress(Exception):  # the connection may already be dead
@@ -149,8 +150,8 @@ class KvCache:
             if now >= next_flush:
                 await self._flush()
                 next_flush = math.inf
-            if now >= next_ping:  # a silent pubsub connection proves nothing; a ping does
-                await self.client.ping()
+            if now >= next_ping:  # a silent pubsub connection proves nothing; a request does
+                await self._sample_memory()
                 next_ping = now + ping_s
 
     def _on_key_event(self, event: str, key: bytes) -> bool:
@@ -164,7 +165,14 @@ class KvCache:
         self.index.removed(*parsed)
         if event == "evicted":
             self.num_evictions += 1
+            metrics.KV_STORE_EVICTIONS.inc()
         return True
+
+    async def _sample_memory(self) -> None:
+        """Redis's memory for the `near full` alert; raises like ping() when Redis is gone."""
+        used = int((await self.client.info("memory")).get("used_memory", 0))
+        metrics.KV_STORE_USED_BYTES.set(used)
+        metrics.KV_STORE_MAX_BYTES.set(self.capacity.max_memory_bytes)
 
     async def _flush(self) -> None:
         keys, self._pending_sets = self._pending_sets, []

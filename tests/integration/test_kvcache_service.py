@@ -168,6 +168,7 @@ async def _next_event(events, kind):
 
 
 async def test_capacity_is_set_on_start_and_lru_evictions_are_counted(nc, nats_url):
+    evictions_before = _counter("ferry_kv_store_evictions")
     sub, events = await subscribe_events(nc)
     with start_redis() as server:  # its own Redis: maxmemory must not squeeze the shared one
         transport = RedisTransport(server.url)
@@ -186,6 +187,10 @@ async def test_capacity_is_set_on_start_and_lru_evictions_are_counted(nc, nats_u
             assert removed.kv_namespace == NS and set(removed.block_hashes) <= set(hashes)
             s = await eventually(lambda: _stats_with_evictions(nc))
             assert s.num_blocks < 40
+            # what the "KV store near full" alert and the dashboard read
+            assert _counter("ferry_kv_store_evictions") - evictions_before == s.num_evictions
+            assert REGISTRY.get_sample_value("ferry_kv_store_max_bytes") == 4 << 20
+            assert REGISTRY.get_sample_value("ferry_kv_store_used_bytes") > 0
         await transport.close()
     await sub.unsubscribe()
 

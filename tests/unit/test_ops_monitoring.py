@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import promql_parser
 import pytest
 import yaml
 
@@ -72,3 +73,61 @@ def test_expressions_have_balanced_brackets(dashboard):
             expr = target["expr"]
             for open_, close in ("()", "[]", "{}"):
                 assert expr.count(open_) == expr.count(close), expr
+
+
+ALERTS = ROOT / "ops/prometheus/alerts.yml"
+
+
+def _rules() -> list[dict]:
+    return [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
+
+
+def _metric_names(expr: str) -> set[str]:
+    """Every series name the expression selects, from promql-parser's AST (a syntax error raises)."""
+    names: set[str] = set()
+
+    def visit(node) -> None:
+        if isinstance(node, promql_parser.VectorSelector) and node.name:
+            names.add(node.name)
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return names
+
+
+def test_alert_rules_parse_and_name_only_real_metrics():
+    rules = _rules()
+    recorded = {r["record"] for r in rules if "record" in r}
+    for rule in rules:
+        for name in _metric_names(rule["expr"]):
+            known = _base(name) in _exposed_names() or name in recorded or name == "up"
+            assert known, f"{rule.get('alert') or rule.get('record')}: {name} is not a ferry metric"
+
+
+def test_the_alerts_an_sre_needs_exist_with_severity_and_a_summary():
+    alerts = {r["alert"]: r for r in _rules() if "alert" in r}
+    covered = {
+        "ttft": "ferry_time_to_first_token_seconds",
+        "tpot": "ferry_inter_token_latency_seconds",
+        "errors": "ferry_requests",
+        "queue lag": "ferry_worker_queue_depth",
+        "worker down": "up",
+        "kv store near full": "ferry_kv_store_used_bytes",
+    }
+    rules = _rules()
+    exprs = " ".join(r["expr"] for r in rules)
+    for what, metric in covered.items():
+        assert metric in exprs, what
+    for name, alert in alerts.items():
+        assert alert["labels"]["severity"] in ("page", "ticket"), name
+        assert alert["annotations"]["summary"] and "for" in alert, name
+    config = yaml.safe_load((ROOT / "ops/prometheus/prometheus.yml").read_text())
+    assert config["rule_files"] == ["alerts.yml"]
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    assert "./ops/prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro" in compose["services"]["prometheus"]["volumes"]
+
+
+def test_the_rule_checks_can_fail():
+    with pytest.raises(ValueError):
+        _metric_names("sum(rate(ferry_requests_total[5m])")  # unbalanced
+    assert _metric_names("rate(ferry_no_such_metric_total[5m]) > 1") == {"ferry_no_such_metric_total"}
+    assert _base("ferry_no_such_metric_total") not in _exposed_names()
