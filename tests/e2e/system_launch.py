@@ -90,7 +90,13 @@ def start_system(
         "--max-running",
         "16",
     ]
-    env = {**os.environ, "FERRY_LOAD_INTERVAL_S": "0.25", **(extra_env or {})}
+    # XDG_CONFIG_HOME: the nats CLI context `ferry up` saves lands in the run dir, not in ~/.config
+    env = {
+        **os.environ,
+        "FERRY_LOAD_INTERVAL_S": "0.25",
+        "XDG_CONFIG_HOME": str(run_dir / "config"),
+        **(extra_env or {}),
+    }
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     system = RunningSystem(process, f"http://127.0.0.1:{port}", model_dir, model_dir.name)
     threading.Thread(target=_read_output, args=(system,), daemon=True).start()

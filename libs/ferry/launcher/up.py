@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ferry.launcher import SERVICE_MODULES
+from ferry.launcher.endpoints import DEFAULT_NATS_MONITOR_PORT, DEFAULT_NATS_PORT, print_urls, start_servers
 
 STOP_GRACE_S = 10.0
 POLL_S = 0.2
@@ -69,6 +70,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="use this NATS (default $NATS_URL; none: start nats-server)",
     )
     parser.add_argument(
+        "--nats-port",
+        type=int,
+        help=f"port of the nats-server started here (default {DEFAULT_NATS_PORT}, a free one if taken)",
+    )
+    parser.add_argument(
+        "--nats-monitor-port",
+        type=int,
+        help=f"its HTTP monitoring port (default {DEFAULT_NATS_MONITOR_PORT}, a free one if taken)",
+    )
+    parser.add_argument(
+        "--nats-context",
+        default="ferry-up",
+        metavar="NAME",
+        help="save a nats CLI context of this name for the NATS in use ('' = none)",
+    )
+    parser.add_argument(
         "--redis-url",
         default=os.environ.get("REDIS_URL", ""),
         help="use this Redis (default $REDIS_URL; none: start redis-server)",
@@ -92,14 +109,13 @@ def run(args: argparse.Namespace) -> int:
     children: list[Child] = []
     try:
         with contextlib.ExitStack() as stack:
-            nats_url, redis_url = _servers(args, stack)
+            nats_url, monitor_url, redis_url = start_servers(args, stack)
             stack.callback(stop_children, children)  # LIFO: registered after the servers, so it runs before they stop
             model_dir = _model(args.model, run_dir)
             specs = plan_services(args, model_dir, nats_url, redis_url)
             for spec in specs:  # appended one by one: a signal midway still stops those started
                 children.append(spawn(spec, run_dir))
-            url = f"http://{args.host}:{args.port}/v1"
-            print(f"ferry up: {url}  (nats {nats_url}, redis {redis_url}, logs {run_dir})", flush=True)
+            print_urls(args, nats_url, monitor_url, redis_url, run_dir)
             problem = wait_ready(children, f"http://{args.host}:{args.port}", args.ready_timeout)
             print_status(children, problem)
             return 1 if problem else supervise(children)
@@ -116,17 +132,6 @@ def _raise_stop(signum, frame) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise StopRequested(signum)
-
-
-def _servers(args: argparse.Namespace, stack: contextlib.ExitStack) -> tuple[str, str]:
-    from ferry.launcher import servers
-
-    nats_url, redis_url = args.nats_url, args.redis_url
-    if not nats_url:
-        nats_url = stack.enter_context(servers.start_nats()).url
-    if not redis_url:
-        redis_url = stack.enter_context(servers.start_redis()).url
-    return nats_url, redis_url
 
 
 def _model(model: Path | None, run_dir: Path) -> Path:
