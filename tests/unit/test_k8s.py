@@ -11,12 +11,13 @@ import sys
 from pathlib import Path
 
 import kubernetes_validate
+import promql_parser
 import pytest
 import yaml
 from ops_secrets import deployment_secrets, make_secrets_module
 
+from ferry import metrics
 from ferry.launcher import SERVICE_MODULES
-from ferry.protocol import subjects
 from ferry.settings import ServiceSettings
 
 pytestmark = pytest.mark.unit
@@ -234,24 +235,49 @@ def test_nats_cluster_config_is_accepted_by_nats_server(tmp_path):
 
 
 @pytest.mark.parametrize("scaled", SCALED_OBJECTS, ids=lambda d: d["metadata"]["name"])
-def test_scaled_objects_scale_workers_on_their_jetstream_backlog(scaled):
+def test_scaled_objects_scale_workers_on_a_backlog_that_cannot_run_away(scaled):
+    """A query over the balancers' per-worker backlog (no missing-consumer runaway), a fallback
+    when it cannot be read, and a cap; the workload drains within its grace period."""
     spec = scaled["spec"]
     target = spec["scaleTargetRef"]
     workload = _by_kind(target["kind"])[target["name"]]
-    assert workload["spec"]["template"]["spec"]["containers"][0]["command"] == ["ferry", "serve", "worker"]
+    assert _pod_spec(workload)["containers"][0]["command"] == ["ferry", "serve", "worker"]
     role = target["name"].removesuffix("-worker")
     assert 1 <= spec["minReplicaCount"] < spec["maxReplicaCount"]
+    assert not [
+        t for t in spec["triggers"] if t["type"] == "nats-jetstream"
+    ]  # reads last_seq when a consumer is missing
 
-    jetstream = [t for t in spec["triggers"] if t["type"] == "nats-jetstream"]
-    assert len(jetstream) == 1
-    meta = jetstream[0]["metadata"]
-    assert meta["stream"] == subjects.WORK_STREAM
-    # pod 0's durable consumer, named the way the bus names it (always present: min >= 1)
-    assert meta["consumer"] == subjects.work_consumer(role, f"{target['name']}-0")
-    host, port = meta["natsServerMonitoringEndpoint"].rsplit(":", 1)
-    service = _by_kind("Service")[host.split(".")[0]]
-    assert int(port) in {p["port"] for p in service["spec"]["ports"]}
-    assert int(meta["lagThreshold"]) > 0 and jetstream[0]["metricType"] == "Value"
+    (trigger,) = [t for t in spec["triggers"] if t["type"] == "prometheus"]
+    meta = trigger["metadata"]
+    assert trigger["metricType"] == "AverageValue"  # KEDA's fallback needs AverageValue
+    assert meta["ignoreNullValues"] == "false" and int(meta["threshold"]) > 0
+    names = set()
+    promql_parser.walk(
+        promql_parser.parse(meta["query"]),
+        lambda node: names.add(node.name) if isinstance(node, promql_parser.VectorSelector) else None,
+    )
+    assert names == {"ferry_worker_queue_depth"} and "ferry_worker_queue_depth" in metrics.metric_names()
+    assert f'role="{role}"' in meta["query"] and "max by (worker)" in meta["query"]  # balancer replicas fold
+
+    day = max(int(t["metadata"]["desiredReplicas"]) for t in spec["triggers"] if t["type"] == "cron")
+    fallback = spec["fallback"]
+    assert fallback["failureThreshold"] >= 2 and spec["minReplicaCount"] <= fallback["replicas"] <= day
+    assert spec["maxReplicaCount"] <= 2 * day  # a cap near the planned peak, not a blank cheque
+    down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+    assert down["stabilizationWindowSeconds"] >= 300
+
+
+@pytest.mark.parametrize("name", ["prefill-worker", "decode-worker"])
+def test_a_worker_removed_by_scale_down_has_time_to_drain(name):
+    from ferry_services.worker.settings import WorkerSettings
+
+    pod = _pod_spec(_by_kind("StatefulSet")[name])
+    field = WorkerSettings.model_fields.get("shutdown_grace_s")  # FERRY_SHUTDOWN_GRACE_S, the worker's drain
+    drain_s = field.default if field is not None else 20.0
+    assert pod["terminationGracePeriodSeconds"] >= 2 * drain_s + 30
+    for container in pod["containers"]:
+        assert "preStop" not in container.get("lifecycle", {}), "a preStop hook spends the drain's time first"
 
 
 @pytest.mark.parametrize("scaled", SCALED_OBJECTS, ids=lambda d: d["metadata"]["name"])
