@@ -139,3 +139,57 @@ def test_hadolint_catches_a_root_image(tmp_path):
     (tmp_path / "Dockerfile").write_text('FROM python:3.11-slim\nUSER root\nCMD ["python"]\n')
     result = _hadolint(tmp_path / "Dockerfile")
     assert result.returncode != 0 and "DL3002" in result.stdout  # last USER should not be root
+
+
+def test_cpu_runtime_is_lean_and_installs_from_the_lock():
+    runtime_cpu = re.search(r"^FROM \S+ AS runtime-cpu\n(.*?)^FROM ", DOCKERFILE, re.M | re.S).group(1)
+    assert "apt-get" not in runtime_cpu and "g++" not in runtime_cpu  # no compiler at run time
+    assert "RUN pip install -r requirements/runtime.lock" in DOCKERFILE
+    assert "RUN pip install --no-deps . " in DOCKERFILE
+    assert "COPY --from=builder /opt/ferry-kernels /opt/ferry-kernels" in DOCKERFILE
+    assert "FERRY_KERNEL_CACHE=/opt/ferry-kernels" in DOCKERFILE and "FERRY_KERNEL_MARCH=${KERNEL_MARCH}" in DOCKERFILE
+    assert "!requirements/runtime.lock" in (ROOT / "ops/Dockerfile.dockerignore").read_text()
+    lock = (ROOT / "requirements/runtime.lock").read_text()
+    pinned = {line.split("==")[0] for line in lock.splitlines() if "==" in line and not line.startswith("#")}
+    assert {"nats-py", "tenacity", "fastapi", "redis"} <= pinned
+    assert not pinned & {"torch", "triton", "matplotlib"} and "nvidia" not in lock
+
+
+def test_the_lock_files_match_pyproject():
+    """The locks name every dependency of pyproject.toml (refresh them with ops/lock.sh)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {re.split(r"[<>=;\[ ]", r, maxsplit=1)[0].lower() for r in requirements} - {"torch"}
+
+    def locked(path: str) -> set[str]:
+        text = (ROOT / path).read_text()
+        return {line.split("==")[0].lower() for line in text.splitlines() if "==" in line and line[0] != "#"}
+
+    assert names(project["dependencies"]) <= locked("requirements/runtime.lock")
+    extras = project["optional-dependencies"]
+    assert names(project["dependencies"] + extras["dev"] + extras["gpu"] + extras["bench"]) <= locked(
+        "requirements/dev.lock"
+    )
+
+
+def test_a_kernel_built_at_image_build_loads_without_a_compiler(tmp_path):
+    """What the CPU image does: the library in FERRY_KERNEL_CACHE is loaded as it is, with no
+    compiler and no ninja on PATH (here: this machine's build, copied where the image puts it)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    from ferry.kernels import cpu_decode
+
+    assert cpu_decode.kernel() is not None, "the CPU kernel did not build on this machine"
+    name = cpu_decode.build_name()
+    built = next(Path(_get_build_directory(name, verbose=False)).glob(f"{name}*.so"))
+    (tmp_path / name).mkdir()
+    shutil.copy(built, tmp_path / name / f"{name}.so")
+    env = {k: v for k, v in os.environ.items() if k not in ("CXX", "CC")}
+    env.update(FERRY_KERNEL_CACHE=str(tmp_path), PATH="/nonexistent", CXX="/nonexistent/c++")
+    probe = "from ferry.kernels import cpu_decode; print(cpu_decode.kernel())"
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "ferry_cpu.paged_decode_attention" in result.stdout, result.stderr
+    assert sorted(p.name for p in (tmp_path / name).iterdir()) == [f"{name}.so"]  # nothing was built
