@@ -274,3 +274,27 @@ def test_names_and_versions_are_checked_before_anything_connects():
     svc.input("work", "ferry.work.decode.w")
     with pytest.raises(ValueError, match=re.escape("name='work' is already used by ferry.work.decode.w")):
         svc.subscribe("ferry.test.other", Cancel, None, name="work")
+
+
+async def test_a_message_published_right_after_start_reaches_the_subscription(nc, nats_url):
+    """start() returns once the server holds every subscription: a load report or cancel published the
+    moment it returns is not lost (one flush was not enough: nats-py writes its PING ahead of buffered SUBs)."""
+    from ferry.bus import connect, ensure_work_stream
+
+    for attempt in range(30):
+        own = await connect(nats_url, f"start-barrier-{attempt}")
+        await ensure_work_stream(own.jetstream())  # a JetStream request first, as every balancer makes
+        received = asyncio.Event()
+
+        async def on_cancel(msg: Cancel, received=received) -> None:
+            received.set()
+
+        svc = Service("barrier-svc")
+        svc.subscribe(f"ferry.test.barrier.{attempt}", Cancel, on_cancel)
+        await svc.start(own)
+        try:
+            await nc.publish(f"ferry.test.barrier.{attempt}", encode(Cancel(request_ids=["r"])))
+            await asyncio.wait_for(received.wait(), timeout=2)
+        finally:
+            await svc.stop()
+            await own.close()

@@ -242,7 +242,12 @@ class Service:
             stats_handler=self._data_of,
         )
         self._micro = micro.MicroRegistration(nc, config, lambda: self._counters().values())
-        await self._micro.start()  # flushes: every subscription above is on the server when start returns
+        await self._micro.start()  # subscribes $SRV.*, then flushes
+        # nats-py's flush() writes its PING straight to the socket, ahead of the SUBs still buffered for its
+        # flusher task (nats-py 2.9-2.16), so that PONG does not prove the server holds them, and a message
+        # published right after start() could find no subscriber. The buffered SUBs were handed to the
+        # socket before that PONG was read, so a second PING goes out behind them: its PONG does prove it.
+        await nc.flush()
         log.info(
             "service %s %s started (id %s): %s",
             self.name,
