@@ -26,6 +26,7 @@ from ferry_services.worker.compute import ComputeThread
 from ferry_services.worker.events import batch_by_gateway
 from ferry_services.worker.recent import RecentIds
 from ferry_services.worker.settings import WorkerSettings
+from ferry_services.worker.stats import WorkStats
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +78,12 @@ class Worker(abc.ABC):
             metadata={"worker_id": self.worker_id, "model": settings.model_name},
         )
         self.service.subscribe(subjects.CANCEL, Cancel, self.on_cancel)
+        self.work_stats = WorkStats(self)  # pulled work, steps, tokens, backlog in `nats micro stats`
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        self.consumer = await ensure_work_consumer(
-            self.js, self.role, self.worker_id, ack_wait_s=self.settings.ack_wait_s
-        )
+        consumer = await ensure_work_consumer(self.js, self.role, self.worker_id, ack_wait_s=self.settings.ack_wait_s)
+        self.consumer = self.work_stats.count(consumer)
 
     def background(self) -> list:
         return [self.engine_loop(), self.pull_loop(), self.report_loop()]
