@@ -185,7 +185,7 @@ async def test_greedy_output_through_both_workers_equals_the_engine_in_process(s
     assert all(seen == {"prefill-t", "decode-t"} for seen in client.workers_seen.values())
     decode_worker = system.workers["decode-t"]
     assert (decode_worker.num_transferred, decode_worker.num_recomputed) == (len(PROMPTS), 0)
-    assert system.workers["prefill-t"].num_handoffs == len(PROMPTS)
+    assert system.workers["prefill-t"].handoffs.num_accepted == len(PROMPTS)
 
 
 async def test_missing_kv_blocks_are_recomputed_counted_and_still_exact(system, client, reference, redis):
@@ -201,7 +201,8 @@ async def test_missing_kv_blocks_are_recomputed_counted_and_still_exact(system, 
             await prefill_store.put_blocks(hashes, data)
             await redis.flushdb()
 
-    prefill_store, prefill.store = prefill.store, Forgetful()
+    prefill_store = prefill.store
+    prefill.store = prefill.handoffs.store = Forgetful()  # prefix lookups and hand-off writes
     await client.submit("r2", PROMPTS[2])
     await client.wait_finished(["r2"])
     assert client.tokens["r2"] == reference["r2"]
@@ -220,10 +221,10 @@ async def test_cancel_mid_stream_frees_blocks_on_every_worker(system, client):
     assert decode_worker.compute.stats.kv_blocks_used > 0
     await client.nc.publish(subjects.CANCEL, encode(Cancel(["long"])))
     for _ in range(200):
-        if all(w.compute.stats.kv_blocks_used == 0 and not w.requests for w in system.workers.values()):
+        if all(w.compute.stats.kv_blocks_used == 0 and not len(w.ledger) for w in system.workers.values()):
             break
         await asyncio.sleep(0.05)
-    assert [(w.worker_id, w.compute.stats.kv_blocks_used, len(w.requests)) for w in system.workers.values()] == [
+    assert [(w.worker_id, w.compute.stats.kv_blocks_used, len(w.ledger)) for w in system.workers.values()] == [
         ("prefill-t", 0, 0),
         ("decode-t", 0, 0),
     ]
