@@ -2,13 +2,13 @@
 what each event means for it: `ledger.py`), the engine (on its own thread: `compute.py`) and the bus.
 
 Three loops run on the asyncio thread while the engine computes on its own thread: the engine loop
-(step, publish, repeat while there is work; the decode worker queues the next step before
-publishing), the pull loop (fetch as many queued messages as there is room for: variable-size
-batches) and the report loop. Every pulled message, of either role, enters through `accept` and
-joins the engine through `admit`: fetch what KV there is (the role says where from), then `join`.
-The roles decide what a step's outputs lead to (prefill: a hand-off; decode: nothing more) and
-what happens at shutdown to the work that could not finish within the grace period (prefill: back
-to the queue; decode: handed on to another decode worker).
+(here: step, publish, repeat while there is work; the decode worker queues the next step before
+publishing), the pull loop (`pulling.py`: fetch as many queued messages as there is room for:
+variable-size batches) and the report loop (`reports.py`). Every pulled message, of either role,
+enters through `accept` and joins the engine through `admit`: fetch what KV there is (the role says
+where from), then `joining.join`. The roles decide what a step's outputs lead to (prefill: a
+hand-off; decode: nothing more) and what happens at shutdown to the work that could not finish
+within the grace period (prefill: back to the queue; decode: handed on to another decode worker).
 """
 
 from __future__ import annotations
@@ -99,7 +99,9 @@ class Worker(Pulling, Reporting, abc.ABC):
         period, then move or give back the rest (`release`)."""
         self.ledger.draining = True
         await self.publish_report()
-        deadline = time.monotonic() + self.settings.shutdown_grace_s
+        grace_s = self.settings.shutdown_grace_s
+        log.info("shutdown: draining, %d requests held, up to %.1f s for them to finish", len(self.ledger), grace_s)
+        deadline = time.monotonic() + grace_s
         while len(self.ledger) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         if len(self.ledger):

@@ -118,9 +118,9 @@ class FaultSystem:
             server.stop()
 
 
-@pytest.fixture(scope="module")
-def fault_system(e2e_model, tmp_path_factory) -> FaultSystem:
-    run_dir = tmp_path_factory.mktemp("faults")
+def launch(model_dir: Path, run_dir: Path, env: dict[str, str]) -> FaultSystem:
+    """2 prefill + 2 decode workers, both balancers, kvcache and the gateway, one process each (as
+    `ferry up` plans them, with `env` added), on their own nats-server and redis-server."""
     nats = start_nats(store_dir=run_dir / "nats")
     redis = start_redis()
     port = free_port()
@@ -129,7 +129,7 @@ def fault_system(e2e_model, tmp_path_factory) -> FaultSystem:
     args = parser.parse_args(
         [
             "--model",
-            str(e2e_model),
+            str(model_dir),
             "--prefill-workers",
             "2",
             "--decode-workers",
@@ -143,21 +143,27 @@ def fault_system(e2e_model, tmp_path_factory) -> FaultSystem:
         ]
     )
     try:
-        specs = plan_services(args, e2e_model, nats.url, redis.url)
+        specs = plan_services(args, model_dir, nats.url, redis.url)
     except Exception:
         redis.stop()
         nats.stop()
         raise
     children = {}
     for spec in specs:
-        spec.env.update(ENV)
+        spec.env.update(env)
         children[spec.name] = spawn(spec, run_dir)
-    system = FaultSystem(children, f"http://127.0.0.1:{port}", e2e_model.name, run_dir, [redis, nats])
+    system = FaultSystem(children, f"http://127.0.0.1:{port}", model_dir.name, run_dir, [redis, nats])
     problem = wait_ready(list(children.values()), system.base_url, 240)
     if problem:
         logs = "".join(f"\n--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(run_dir.glob("*.log")))
         system.stop()
         raise RuntimeError(f"system not ready: {problem}{logs}")
+    return system
+
+
+@pytest.fixture(scope="module")
+def fault_system(e2e_model, tmp_path_factory) -> FaultSystem:
+    system = launch(e2e_model, tmp_path_factory.mktemp("faults"), ENV)
     yield system
     system.stop()
 

@@ -59,12 +59,15 @@ def reference(tiny_model):
 
 
 class System:
-    """Both balancers and one worker per role, each on its own NATS connection."""
+    """Both balancers and one worker per role, each on its own NATS connection; `worker_overrides`
+    are WorkerSettings fields for every worker."""
 
-    def __init__(self, nats_url: str, redis_url: str, model) -> None:
+    def __init__(self, nats_url: str, redis_url: str, model, **worker_overrides) -> None:
         self.nats_url, self.redis_url, self.model = nats_url, redis_url, model
+        self.worker_overrides = worker_overrides
         self.conns, self.tasks, self.stoppers = [], [], []
         self.workers = {}
+        self.worker_tasks: dict[str, list[asyncio.Task]] = {}
 
     async def start(self) -> None:
         for cls, settings in (
@@ -80,15 +83,9 @@ class System:
             await self.start_worker(role, f"{role}-t")
 
     async def start_worker(self, role: str, worker_id: str, **overrides):
+        fields = {"num_kv_blocks": 64, "max_running": 8, "load_interval_s": 0.2, **self.worker_overrides, **overrides}
         settings = WorkerSettings(
-            role=role,
-            model=str(self.model),
-            worker_id=worker_id,
-            num_kv_blocks=64,
-            max_running=8,
-            load_interval_s=0.2,
-            redis_url=self.redis_url,
-            **overrides,
+            role=role, model=str(self.model), worker_id=worker_id, redis_url=self.redis_url, **fields
         )
         engine = await asyncio.to_thread(build_engine, settings)
         nc = await self._connect()
@@ -96,10 +93,21 @@ class System:
         worker = make_worker(nc, settings, engine, KvStore(transport, engine.kv_namespace))
         await worker.start()
         await worker.service.start(nc)
-        self.tasks += [asyncio.create_task(c) for c in worker.background()]
+        self.worker_tasks[worker_id] = [asyncio.create_task(c) for c in worker.background()]
+        self.tasks += self.worker_tasks[worker_id]
         self.stoppers.append(transport.close)
         self.workers[worker_id] = worker
         return worker
+
+    async def stop_worker(self, worker_id: str) -> None:
+        """What SIGTERM does to a worker process (ferry.bus.run_service): stop its subscriptions,
+        `shutdown` (drain), then end its loops; it falls silent to the balancers."""
+        worker = self.workers[worker_id]
+        await worker.service.stop()
+        await worker.shutdown()
+        for task in self.worker_tasks[worker_id]:
+            task.cancel()
+        await asyncio.gather(*self.worker_tasks[worker_id], return_exceptions=True)
 
     async def _connect(self):
         nc = await connect(self.nats_url, "ferry-test-system")
