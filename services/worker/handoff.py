@@ -14,7 +14,8 @@ from collections.abc import Callable
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
-from tenacity import AsyncRetrying, retry_if_result, stop_any, stop_before_delay, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_any, stop_before_delay, wait_exponential
+from tenacity.stop import stop_base
 
 from ferry.kvstore import KvStoreError
 from ferry.protocol import GenerateRequest, Handoff, HandoffReply, ProtocolError, decode, encode, subjects
@@ -73,11 +74,11 @@ class HandoffSender:
         request_id = handoff.request.request_id
         retrying = AsyncRetrying(
             wait=wait_exponential(multiplier=FIRST_RETRY_DELAY_S, max=MAX_RETRY_DELAY_S),
-            stop=stop_any(stop_before_delay(timeout_s), lambda _: self.is_cancelled(request_id)),
+            stop=stop_any(stop_before_delay(timeout_s), _StopIf(lambda: self.is_cancelled(request_id))),
             retry=retry_if_result(bool),  # a reason why not: try again
-            retry_error_callback=lambda state: state.outcome.result(),  # gave up: the last reason
+            retry_error_callback=_last_result,  # gave up: the last reason
         )
-        reason = await retrying(self._offer_once, handoff)
+        reason: str = await retrying(self._offer_once, handoff)
         if reason:
             log.warning("hand-off of %s not accepted: %s", request_id, reason)
         return not reason
@@ -94,3 +95,18 @@ class HandoffSender:
         if isinstance(answer, HandoffReply):
             return "" if answer.accepted else answer.reason or "rejected"
         return f"{getattr(answer, 'code', '?')}: {getattr(answer, 'message', answer)}"
+
+
+class _StopIf(stop_base):
+    """Stop retrying once `predicate()` holds (checked after each failed try)."""
+
+    def __init__(self, predicate: Callable[[], bool]) -> None:
+        self.predicate = predicate
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return self.predicate()
+
+
+def _last_result(retry_state: RetryCallState) -> str:
+    assert retry_state.outcome is not None, "called after a try"
+    return retry_state.outcome.result()

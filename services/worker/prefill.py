@@ -84,6 +84,7 @@ class PrefillWorker(Worker):
 
     def count_join(self, request: GenerateRequest, joined: Joined, kv: FetchedKV | None) -> None:
         if joined is Joined.WITH_KV:
+            assert kv is not None
             self.num_prefix_blocks_reused += kv.data.shape[0]
 
     async def after_step(self, outputs: list) -> None:

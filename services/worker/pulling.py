@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
+from nats.js import JetStreamContext
 from nats.js.errors import ServiceUnavailableError
 
-from ferry.bus import WorkConsumer, ensure_work_consumer, raise_if_cancelled
+from ferry.bus import WorkConsumer, WorkItem, ensure_work_consumer, raise_if_cancelled
+from ferry_services.worker.ledger import RequestLedger
 from ferry_services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -23,7 +26,17 @@ FETCH_WAIT_S = 1.0
 
 
 class Pulling:
-    """Mixed into `Worker`; uses its consumer, ledger, settings, has_room and accept."""
+    """Mixed into `Worker`, which provides these:"""
+
+    role: str
+    worker_id: str
+    work_type: type
+    settings: WorkerSettings
+    js: JetStreamContext
+    consumer: WorkConsumer | None
+    ledger: RequestLedger
+    has_room: asyncio.Event
+    accept: Callable[[WorkItem], Awaitable[None]]
 
     async def pull_loop(self) -> None:
         assert self.consumer is not None, "start() first"
@@ -57,7 +70,7 @@ class Pulling:
         return self.settings.max_running - len(self.ledger)
 
 
-async def open_work_consumer(js, settings: WorkerSettings) -> WorkConsumer:
+async def open_work_consumer(js: JetStreamContext, settings: WorkerSettings) -> WorkConsumer:
     """This worker's durable consumer (created if missing). Opened before the model loads, so an
     autoscaler watching the consumer never sees a replica without one."""
     return await ensure_work_consumer(js, settings.role, settings.worker_id, ack_wait_s=settings.ack_wait_s)

@@ -9,9 +9,14 @@ import asyncio
 import logging
 import time
 
+from nats.aio.client import Client
+
 from ferry import metrics
-from ferry.bus import raise_if_cancelled
+from ferry.bus import WorkConsumer, raise_if_cancelled
 from ferry.protocol import LoadReport, encode, subjects
+from ferry_services.worker.compute import ComputeThread
+from ferry_services.worker.ledger import RequestLedger
+from ferry_services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +25,16 @@ BACKLOG_TIMEOUT_S = 0.25
 
 
 class Reporting:
-    """Mixed into `Worker`; uses its settings, compute, ledger, consumer and nc."""
+    """Mixed into `Worker`, which provides these:"""
+
+    role: str
+    worker_id: str
+    namespace: str
+    settings: WorkerSettings
+    nc: Client
+    compute: ComputeThread
+    ledger: RequestLedger
+    consumer: WorkConsumer | None
 
     def __init__(self) -> None:
         self._num_cached_reported = 0
