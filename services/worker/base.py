@@ -8,7 +8,7 @@ variable-size batches) and the report loop (`reports.py`). Every pulled message,
 enters through `accept` and joins the engine through `admit`: fetch what KV there is (the role says
 where from), then `joining.join`. The roles decide what a step's outputs lead to (prefill: a
 hand-off; decode: nothing more) and what happens at shutdown to the work that could not finish
-within the grace period (prefill: back to the queue; decode: handed on to another decode worker).
+within the grace period (prefill: back to the gateway; decode: handed on to another decode worker).
 """
 
 from __future__ import annotations
@@ -112,15 +112,18 @@ class Worker(Pulling, Reporting, abc.ABC):
         self.compute.close()
 
     async def release(self, held: list[Held]) -> None:
-        """What is still here at the end of the grace period goes back to the queue, to be redone
-        elsewhere (the decode worker moves its running sequences instead)."""
+        """What is still here at the end of the grace period goes back to the gateway, which
+        resubmits it at once (`worker_lost` is retryable) instead of after this worker falls silent;
+        its messages are acked, so no second copy runs. The decode worker moves its sequences instead."""
+        for h in held:
+            await self.publish_error(h.request, "worker_lost", f"{self.worker_id} shut down first", retryable=True)
         await self.apply(
             Effects(
                 abort=[engine_id(h.request) for h in held if h.in_engine],
-                nak=[(h.handle, None) for h in held if h.handle is not None],
+                ack=[h.handle for h in held if h.handle is not None],
             )
         )
-        log.info("shutdown: %d requests given back to the queue", len(held))
+        log.info("shutdown: %d requests given back to the gateway", len(held))
 
     # ---- the engine loop ---------------------------------------------------------------------
     async def engine_loop(self) -> None:

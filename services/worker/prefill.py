@@ -5,7 +5,8 @@ step's first tokens go to `ferry.out.<gateway>` right away (TTFT), then, while t
 computes, the sequence's KV blocks are written to the store (`KvStore.put_blocks`) and a
 `Handoff` is offered on `ferry.handoff` until a decode-balancer accepts it (`handoff.py`). Only
 then is the JetStream message acked, so a prefill worker that dies mid-way leaves its work to be
-redone. On SIGTERM it finishes what it holds within the grace period and gives back the rest.
+redone. On SIGTERM it finishes what it holds within the grace period and gives the rest back to
+the gateway (`ErrorEvent(worker_lost, retryable)`: resubmitted elsewhere at once).
 """
 
 from __future__ import annotations

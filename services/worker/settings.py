@@ -39,7 +39,7 @@ class WorkerSettings(ServiceSettings):
         default=20.0,
         ge=0,
         description="on SIGTERM, how long running requests get to finish before they are handed on "
-        "(decode) or given back to the queue (prefill); keep it a few seconds under the orchestrator's "
+        "(decode) or given back to the gateway to resubmit (prefill); keep it a few seconds under the orchestrator's "
         "stop grace period (compose stop_grace_period, k8s terminationGracePeriodSeconds)",
     )
 

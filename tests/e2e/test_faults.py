@@ -214,11 +214,16 @@ async def stream_one(
         outcome.error = repr(exc)
 
 
-async def run_load(system: FaultSystem, fault=None, when_chunks: int = 0) -> list[Outcome]:
+async def run_load(
+    system: FaultSystem, fault=None, when_chunks: int = 0, max_tokens: int = MAX_TOKENS
+) -> list[Outcome]:
     """Stream every prompt at once; when each has `when_chunks` chunks (or at once), call `fault`."""
     outcomes = [Outcome() for _ in PROMPTS]
     async with httpx.AsyncClient(base_url=system.base_url, timeout=STREAM_TIMEOUT_S) as client:
-        tasks = [asyncio.create_task(stream_one(client, system.model_name, p, o)) for p, o in zip(PROMPTS, outcomes)]
+        tasks = [
+            asyncio.create_task(stream_one(client, system.model_name, p, o, max_tokens))
+            for p, o in zip(PROMPTS, outcomes)
+        ]
         if fault is not None:
             deadline = time.monotonic() + 30
             while min(o.num_chunks for o in outcomes) < when_chunks and time.monotonic() < deadline:
@@ -252,7 +257,7 @@ HEADER = f"{'fault':<34} {'sent':>5} {'completed':>9} {'lost':>5} {'dup tokens':
 
 def score(fault: str, outcomes: list[Outcome], baseline: list[Outcome], migrated: int) -> Row:
     done = [o for o in outcomes if not o.error and o.finish_reason == "length"]
-    duplicated = sum(max(0, o.num_tokens - MAX_TOKENS) for o in outcomes)
+    duplicated = sum(max(0, o.num_tokens - b.num_tokens) for o, b in zip(outcomes, baseline))
     wrong = sum(1 for o, b in zip(outcomes, baseline) if not o.error and o.text != b.text)
     return Row(fault, len(outcomes), len(done), len(outcomes) - len(done), duplicated, wrong, migrated)
 

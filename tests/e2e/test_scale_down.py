@@ -19,8 +19,11 @@ from test_faults import ENV, HEADER, FaultSystem, Outcome, Row, check, launch, m
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-GRACE_S = 0.5
+GRACE_S = 0.2
 """FERRY_SHUTDOWN_GRACE_S: far shorter than a stream, so the SIGTERMed worker has streams to move."""
+MAX_TOKENS = 1200
+"""Streams of a few seconds even on a quiet machine (the tiny model steps in about a millisecond);
+6 of them still fit the one decode worker left (512 blocks of 16 tokens)."""
 EXIT_TIMEOUT_S = 30.0
 HANDED_ON = re.compile(r"shutdown: (\d+) sequences handed on, (\d+) left to the gateway to migrate, (\d+) given back")
 
@@ -34,8 +37,8 @@ def scale_system(e2e_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def baseline(scale_system) -> list[Outcome]:
-    outcomes = asyncio.run(run_load(scale_system))
-    assert all(not o.error and o.finish_reason == "length" for o in outcomes), outcomes
+    outcomes = asyncio.run(run_load(scale_system, max_tokens=MAX_TOKENS))
+    assert all(not o.error and o.num_tokens == MAX_TOKENS for o in outcomes), outcomes
     return outcomes
 
 
@@ -66,14 +69,14 @@ def test_sigterm_decode_worker_under_load_moves_its_streams_with_nothing_lost(sc
         leaving.append(await scale_system.busiest("decode"))
         terminate(scale_system, leaving[0])
 
-    outcomes = asyncio.run(run_load(scale_system, scale_down_busiest_decode_worker, when_chunks=10))
+    outcomes = asyncio.run(run_load(scale_system, scale_down_busiest_decode_worker, 10, MAX_TOKENS))
     check(scale_system, table, "SIGTERM decode worker under load", outcomes, baseline, before)
     assert exit_code(scale_system, leaving[0]) == 0
     summary = HANDED_ON.search(scale_system.log(leaving[0]))
     assert summary is not None, scale_system.log(leaving[0])[-2000:]
     assert int(summary.group(1)) >= 1, "no stream was running there at SIGTERM: the test proved nothing"
     # and the system still serves exactly with the decode worker that is left
-    outcomes = asyncio.run(run_load(scale_system))
+    outcomes = asyncio.run(run_load(scale_system, max_tokens=MAX_TOKENS))
     check(scale_system, table, "after the scale-down", outcomes, baseline, before)
 
 
@@ -84,6 +87,6 @@ def test_sigterm_prefill_worker_as_requests_arrive_loses_nothing(scale_system, b
         await asyncio.sleep(0.05)  # the requests are on their way: some may be in its queue or engine
         terminate(scale_system, "worker-prefill-0")
 
-    outcomes = asyncio.run(run_load(scale_system, scale_down_prefill_worker_soon, when_chunks=0))
+    outcomes = asyncio.run(run_load(scale_system, scale_down_prefill_worker_soon, 0, MAX_TOKENS))
     check(scale_system, table, "SIGTERM prefill worker", outcomes, baseline, before)
     assert exit_code(scale_system, "worker-prefill-0") == 0

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 from test_worker_pipeline import PROMPTS, Client, System, reference, tiny_model  # noqa: F401  (fixtures)
 
-from ferry.protocol import SamplingParams
+from ferry.protocol import SamplingParams, subjects
 from ferry_services.worker import decode as decode_module
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -148,3 +148,37 @@ async def test_with_no_decode_worker_left_the_gateway_is_told_to_migrate(system,
     await until(lambda: len(client.errors) == len(LONG_IDS), 10)
     assert sorted(e.request_id for e in client.errors) == LONG_IDS
     assert all(e.code == "worker_lost" and e.retryable and e.attempt == 0 for e in client.errors)
+
+
+async def test_a_prefill_worker_gives_what_it_could_not_finish_back_to_the_gateway(system, client, js):
+    leaving = system.workers["prefill-t"]
+    gate = asyncio.Event()
+    original = leaving.fetch_kv
+
+    async def stuck(work):  # the prefix lookup never returns while the worker is up
+        await gate.wait()
+        return await original(work)
+
+    leaving.fetch_kv = stuck
+    try:
+        assert (await client.submit("r2", PROMPTS[2])).accepted
+        await until(lambda: len(leaving.ledger) == 1)
+        set_grace(leaving, 0.0)
+        await system.stop_worker("prefill-t")
+    finally:
+        gate.set()
+    await until(lambda: len(client.errors) == 1, 10)
+    (error,) = client.errors
+    assert (error.request_id, error.code, error.retryable, error.attempt) == ("r2", "worker_lost", True, 0)
+    consumer = subjects.work_consumer("prefill", "prefill-t")
+
+    async def settled() -> bool:  # acked: no second copy for the balancer to move
+        info = await js.consumer_info(subjects.WORK_STREAM, consumer)
+        return info.num_pending == 0 and info.num_ack_pending == 0
+
+    for _ in range(100):
+        if await settled():
+            break
+        await asyncio.sleep(0.05)
+    assert await settled()
+    assert client.tokens == {}
