@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ferry_services.prefill_balancer.view import WorkerState
+from ferry.balancing.view import WorkerState
 
 
 @dataclass(slots=True)

@@ -4,7 +4,8 @@ Reads `ferry.handoff` (request/reply, queue group `decode-balancer`) and `ferry.
 writes `ferry.work.decode.<worker>` (JetStream FERRY_WORK). Replies `HandoffReply`: accepted with
 the worker id, or rejected ('overloaded': every worker at its batch cap or out of KV blocks;
 'no_workers') so the prefill worker keeps the sequence and retries. Queued hand-offs of a decode
-worker that falls silent are moved to live workers.
+worker that falls silent are moved to live workers. Every input is counted in `nats micro stats
+decode-balancer`: `handoff`, `load`, `reroute`. The policy is policy.py; the rest is `ferry.balancing`.
 """
 
 from __future__ import annotations
@@ -14,35 +15,26 @@ import time
 
 from nats.aio.client import Client
 
-from ferry.bus import Service, connect, ensure_work_stream, run_service
-from ferry.metrics import start_metrics_server
-from ferry.protocol import Handoff, HandoffReply, ProtocolError, decode, subjects
+from ferry.balancing.balancer import Balancer, serve_balancer
+from ferry.protocol import Handoff, HandoffReply, subjects
 from ferry_services.decode_balancer.policy import DecodeChoice, DecodePolicyConfig, choose_decode_worker
 from ferry_services.decode_balancer.settings import DecodeBalancerSettings
-from ferry_services.prefill_balancer.runtime import BalancerRuntime
 
 log = logging.getLogger(__name__)
 
 
-class DecodeBalancer:
+class DecodeBalancer(Balancer[Handoff]):
+    name = "decode-balancer"
+    role = "decode"
+    work_type = Handoff
+    description = "places prefilled sequences on decode workers"
+
     def __init__(self, nc: Client, settings: DecodeBalancerSettings) -> None:
+        super().__init__(nc, settings)
         self.config = DecodePolicyConfig(
             kv_weight=settings.kv_weight, seqs_weight=settings.seqs_weight, retry_after_s=settings.retry_after_s
         )
-        self.runtime = BalancerRuntime(
-            nc, "decode", silent_after_intervals=settings.silent_after_intervals, tick_s=settings.tick_s
-        )
-        self.service = Service("decode-balancer", description="places prefilled sequences on decode workers")
-        self.service.endpoint(subjects.HANDOFF, Handoff, self.handoff, queue=subjects.HANDOFF_QUEUE)
-        self.nc = nc
-
-    async def start(self) -> None:
-        await self.runtime.start(self.reroute)
-        await self.service.start(self.nc)
-
-    async def stop(self) -> None:
-        await self.service.stop()
-        await self.runtime.stop()
+        self.service.endpoint(subjects.HANDOFF, Handoff, self.handoff, queue=subjects.HANDOFF_QUEUE, name="handoff")
 
     def choose(self, handoff: Handoff) -> DecodeChoice:
         states = self.runtime.view.routable(time.monotonic(), handoff.request.model)
@@ -60,13 +52,8 @@ class DecodeBalancer:
         await self.runtime.publish_work(choice.worker_id, handoff)
         return HandoffReply(request_id, True, worker_id=choice.worker_id)
 
-    async def reroute(self, data: bytes) -> bool:
+    async def reroute(self, handoff: Handoff) -> bool:
         """Move one hand-off of a silent worker's queue to a live worker."""
-        try:
-            handoff = decode(data, Handoff)
-        except ProtocolError as exc:
-            log.error("dropping an unreadable message from a silent worker's queue: %s", exc)
-            return True
         if (await self.handoff(handoff)).accepted:
             log.info("re-routed hand-off %s to decode worker %s", handoff.request.request_id, handoff.decode_worker_id)
             return True
@@ -75,9 +62,4 @@ class DecodeBalancer:
 
 async def serve(settings: DecodeBalancerSettings) -> int:
     """Run one decode-balancer until SIGTERM/SIGINT; the exit status."""
-    nc = await connect(settings.nats_url, "decode-balancer")
-    await ensure_work_stream(nc.jetstream())
-    balancer = DecodeBalancer(nc, settings)
-    await balancer.runtime.start(balancer.reroute)
-    start_metrics_server(settings.metrics_port)
-    return await run_service(nc, balancer.service, on_shutdown=balancer.runtime.stop)
+    return await serve_balancer(DecodeBalancer, settings)

@@ -1,15 +1,11 @@
-"""decode-balancer settings, from `FERRY_*` environment variables."""
+"""decode-balancer settings, from `FERRY_*` environment variables (the shared ones: `BalancerSettings`)."""
 
 from pydantic import Field
 
-from ferry.settings import ServiceSettings
+from ferry.balancing.settings import BalancerSettings
 
 
-class DecodeBalancerSettings(ServiceSettings):
+class DecodeBalancerSettings(BalancerSettings):
     kv_weight: float = Field(default=1.0, ge=0, description="weight of KV-cache usage in the score")
     seqs_weight: float = Field(default=1.0, ge=0, description="weight of batch fill in the score")
     retry_after_s: float = Field(default=0.5, gt=0, description="what an 'overloaded' reply asks to wait")
-    silent_after_intervals: float = Field(
-        default=3.0, gt=1, description="report intervals without a report before a worker is silent"
-    )
-    tick_s: float = Field(default=0.5, gt=0, description="how often silent workers are looked for")

@@ -2,9 +2,9 @@
 
 Reads `ferry.kv.lookup` (KvLookup -> KvLookupReply: leading blocks of a chain stored in Redis) and
 `ferry.kv.stats` (KvStatsRequest -> KvStats); writes `ferry.kv.events` (KvEvent, where='store'),
-batched per namespace, from Redis keyspace notifications. Registers as NATS micro `kvcache`, whose
-metadata says `degraded: true|false`. Block bytes never pass through here: workers talk to Redis
-through `ferry.kvstore` directly.
+batched per namespace, from Redis keyspace notifications (counted as the `key_events` input).
+Registers as NATS micro `kvcache`, whose metadata says `degraded: true|false`. Block bytes never
+pass through here: workers talk to Redis through `ferry.kvstore` directly.
 
 When Redis goes away, lookups answer `ErrorReply(code='kv_unavailable')`, stats say degraded, and
 the watch loop retries every `kv_health_interval_s`; once Redis answers again it re-applies the
@@ -40,9 +40,12 @@ _REDIS_DOWN = (KvStoreError, RedisError, OSError, asyncio.TimeoutError)
 
 
 class KvCache:
-    """Handlers and the Redis watch loop; `publish` sends one KvEvent on the bus."""
+    """Handlers and the Redis watch loop; `publish` sends one KvEvent on the bus. The Redis keyspace
+    events it follows are an input of `service`: counted in `nats micro stats kvcache` (`key_events`)."""
 
-    def __init__(self, settings: KvCacheSettings, publish: Callable[[KvEvent], Awaitable[None]]) -> None:
+    def __init__(
+        self, settings: KvCacheSettings, publish: Callable[[KvEvent], Awaitable[None]], service: Service
+    ) -> None:
         self.settings = settings
         self.transport = RedisTransport(settings.redis_url, timeout_s=settings.kv_redis_timeout_s)
         self.client = self.transport.client
@@ -57,6 +60,17 @@ class KvCache:
         self.num_lookup_hits = 0
         self._publish = publish
         self._pending_sets: list[bytes] = []
+        pattern = redis_admin.keyevent_pattern(self.client)
+        self.key_events = service.input("key_events", pattern, data=self.held)
+
+    def held(self) -> dict:
+        """What the index holds, for the `data` of `key_events` in $SRV.STATS."""
+        return {
+            "num_blocks": self.index.num_blocks(None),
+            "num_bytes": self.index.num_bytes(None),
+            "num_evictions": self.num_evictions,
+            "degraded": self.degraded,
+        }
 
     # -- endpoints ------------------------------------------------------------------------------
 
@@ -140,8 +154,11 @@ class KvCache:
         while not stop.is_set():
             timeout_s = max(min(next_flush, next_ping) - time.monotonic(), 0.0)
             msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout_s)
-            if msg is not None and self._on_key_event(redis_admin.event_of(msg["channel"]), msg["data"]):
-                next_flush = min(next_flush, time.monotonic() + flush_s)
+            if msg is not None:
+                start_ns = time.perf_counter_ns()
+                if self._on_key_event(redis_admin.event_of(msg["channel"]), msg["data"]):
+                    next_flush = min(next_flush, time.monotonic() + flush_s)
+                self.key_events.record(time.perf_counter_ns() - start_ns)
             now = time.monotonic()
             if now >= next_flush:
                 await self._flush()
@@ -210,13 +227,9 @@ def build(settings: KvCacheSettings, nc: Client) -> tuple[Service, KvCache]:
     async def publish(event: KvEvent) -> None:
         await nc.publish(subjects.KV_EVENTS, encode(event))
 
-    cache = KvCache(settings, publish)
-    svc = Service(
-        "kvcache",
-        version=VERSION,
-        description="KV cache control plane: lookup, stats, KV events",
-        metadata={"degraded": "true", "degraded_reason": cache.degraded_reason},
-    )
+    svc = Service("kvcache", version=VERSION, description="KV cache control plane: lookup, stats, KV events")
+    cache = KvCache(settings, publish, svc)
+    svc.metadata.update(degraded="true", degraded_reason=cache.degraded_reason)
 
     def on_health_change(degraded: bool, reason: str) -> None:
         svc.metadata.update(degraded="true" if degraded else "false", degraded_reason=reason)

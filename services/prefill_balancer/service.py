@@ -1,9 +1,11 @@
 """prefill-balancer: places each new request on a prefill worker.
 
-Reads `ferry.submit` (request/reply, queue group `prefill-balancer`: replicas share the load) and
-`ferry.load.prefill.*`; writes `ferry.work.prefill.<worker>` (JetStream FERRY_WORK). Replies
-`SubmitReply`: accepted with the worker id, or rejected with 'overloaded' (+ retry_after_s) or
-'no_workers'. Queued work of a prefill worker that falls silent is moved to live workers.
+Reads `ferry.submit` (request/reply, queue group `prefill-balancer`: replicas share the load),
+`ferry.load.prefill.*` and `ferry.kv.events`; writes `ferry.work.prefill.<worker>` (JetStream
+FERRY_WORK). Replies `SubmitReply`: accepted with the worker id, or rejected with 'overloaded'
+(+ retry_after_s) or 'no_workers'. Queued work of a prefill worker that falls silent is moved to
+live workers. Every input is counted in `nats micro stats prefill-balancer`: `submit`, `load`,
+`kv_events`, `reroute`. The policy is policy.py and prefix_index.py; the rest is `ferry.balancing`.
 """
 
 from __future__ import annotations
@@ -13,18 +15,9 @@ import time
 
 from nats.aio.client import Client
 
-from ferry.bus import Service, connect, ensure_work_stream, run_service, trace
-from ferry.metrics import start_metrics_server
-from ferry.protocol import (
-    KvEvent,
-    PrefillWork,
-    ProtocolError,
-    SubmitReply,
-    SubmitRequest,
-    decode,
-    hash_full_blocks,
-    subjects,
-)
+from ferry.balancing.balancer import Balancer, serve_balancer
+from ferry.bus import trace
+from ferry.protocol import KvEvent, PrefillWork, SubmitReply, SubmitRequest, hash_full_blocks, subjects
 from ferry_services.prefill_balancer.policy import (
     PrefillChoice,
     PrefillPolicyConfig,
@@ -32,48 +25,32 @@ from ferry_services.prefill_balancer.policy import (
     next_mean_prompt_tokens,
 )
 from ferry_services.prefill_balancer.prefix_index import PrefixIndex
-from ferry_services.prefill_balancer.runtime import BalancerRuntime
 from ferry_services.prefill_balancer.settings import PrefillBalancerSettings
 
 log = logging.getLogger(__name__)
 
 
-class PrefillBalancer:
+class PrefillBalancer(Balancer[PrefillWork]):
+    name = "prefill-balancer"
+    role = "prefill"
+    work_type = PrefillWork
+    description = "places requests on prefill workers"
+
     def __init__(self, nc: Client, settings: PrefillBalancerSettings) -> None:
+        super().__init__(nc, settings)
         self.config = PrefillPolicyConfig(
             max_queued_tokens=settings.max_queued_tokens,
             attention_weight=settings.attention_weight,
             retry_after_s=settings.retry_after_s,
         )
-        self.runtime = BalancerRuntime(
-            nc, "prefill", silent_after_intervals=settings.silent_after_intervals, tick_s=settings.tick_s
-        )
-        self.service = Service("prefill-balancer", description="places requests on prefill workers")
-        self.service.endpoint(subjects.SUBMIT, SubmitRequest, self.submit, queue=subjects.SUBMIT_QUEUE)
         self.mean_prompt_tokens = 0.0
         self.prefixes = PrefixIndex()
-        self.nc = nc
+        self.service.endpoint(subjects.SUBMIT, SubmitRequest, self.submit, queue=subjects.SUBMIT_QUEUE, name="submit")
+        self.service.subscribe(subjects.KV_EVENTS, KvEvent, self.on_kv_event, name="kv_events")
 
-    async def start(self) -> None:
-        await self.start_inputs()
-        await self.service.start(self.nc)
-
-    async def start_inputs(self) -> None:
-        """Load reports (the runtime) and pool/store changes (the prefix index)."""
-        await self.runtime.start(self.reroute)
-        await self.nc.subscribe(subjects.KV_EVENTS, cb=self._on_kv_event)
-
-    async def _on_kv_event(self, msg) -> None:
-        try:
-            event = decode(msg.data, KvEvent)
-        except ProtocolError as exc:
-            log.warning("unreadable KV event: %s", exc)
-            return
+    async def on_kv_event(self, event: KvEvent) -> None:
+        """A pool's or the store's blocks changed (bad events are counted and logged by the service)."""
         self.prefixes.apply(event.kind, event.kv_namespace, event.where, event.block_hashes)
-
-    async def stop(self) -> None:
-        await self.service.stop()
-        await self.runtime.stop()
 
     def choose(self, token_ids: list[int], model: str) -> PrefillChoice:
         states = self.runtime.view.routable(time.monotonic(), model)
@@ -110,13 +87,8 @@ class PrefillBalancer:
         await self.runtime.publish_work(choice.worker_id, work)
         return SubmitReply(request.request_id, True, worker_id=choice.worker_id)
 
-    async def reroute(self, data: bytes) -> bool:
+    async def reroute(self, work: PrefillWork) -> bool:
         """Move one message of a silent worker's queue to a live worker."""
-        try:
-            work = decode(data, PrefillWork)
-        except ProtocolError as exc:
-            log.error("dropping an unreadable message from a silent worker's queue: %s", exc)
-            return True
         choice = self.choose(work.request.all_token_ids, work.request.model)
         if choice.worker_id is None:
             return False
@@ -129,9 +101,4 @@ class PrefillBalancer:
 
 async def serve(settings: PrefillBalancerSettings) -> int:
     """Run one prefill-balancer until SIGTERM/SIGINT; the exit status."""
-    nc = await connect(settings.nats_url, "prefill-balancer")
-    await ensure_work_stream(nc.jetstream())
-    balancer = PrefillBalancer(nc, settings)
-    await balancer.start_inputs()
-    start_metrics_server(settings.metrics_port)
-    return await run_service(nc, balancer.service, on_shutdown=balancer.runtime.stop)
+    return await serve_balancer(PrefillBalancer, settings)

@@ -32,6 +32,7 @@ from ferry_services.worker.ledger import Admit, Effects, Held, RequestLedger, en
 from ferry_services.worker.pulling import Pulling, open_work_consumer
 from ferry_services.worker.reports import Reporting
 from ferry_services.worker.settings import WorkerSettings
+from ferry_services.worker.stats import WorkStats
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +86,12 @@ class Worker(Pulling, Reporting, abc.ABC):
             metadata={"worker_id": self.worker_id, "model": settings.model_name},
         )
         self.service.subscribe(subjects.CANCEL, Cancel, self.on_cancel)
+        self.work_stats = WorkStats(self)  # pulled work, steps, tokens, backlog in `nats micro stats`
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self, consumer: WorkConsumer | None = None) -> None:
-        """Take the work consumer opened before the model loaded, or open it now."""
-        self.consumer = consumer or await open_work_consumer(self.js, self.settings)
+        """Take the work consumer opened before the model loaded (or open it now), its pulls counted."""
+        self.consumer = self.work_stats.count(consumer or await open_work_consumer(self.js, self.settings))
 
     def background(self) -> list:
         return [self.engine_loop(), self.pull_loop(), self.report_loop()]

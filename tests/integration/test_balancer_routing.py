@@ -151,22 +151,54 @@ async def test_silent_prefill_workers_queue_moves_to_a_live_worker(nc, js, prefi
     replies = [await submit(nc, i, num_tokens=10) for i in range(3)]
     assert [r.worker_id for r in replies] == ["dead"] * 3  # live is nearly full
     await publish_reports(nc, prefill_balancer, report("live", num_queued_prefill_tokens=0))  # live keeps reporting
-    deadline = time.monotonic() + 5
-    while prefill_balancer.runtime.num_rerouted < 3 and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
+    await wait_until(lambda: prefill_balancer.runtime.num_rerouted == 3, "3 messages re-routed")
     moved = await queued(js, "prefill", "live", PrefillWork)
     assert sorted(w.request.request_id for w in moved) == ["r0", "r1", "r2"]
     assert (await submit(nc, 9)).worker_id == "live"
-    names = await consumer_names(js)
-    while subjects.work_consumer("prefill", "dead") in names and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-        names = await consumer_names(js)
-    assert subjects.work_consumer("prefill", "dead") not in names  # emptied, then deleted
-    assert subjects.work_consumer("prefill", "live") in names
+    await wait_until(lambda: "dead" not in prefill_balancer.runtime.draining, "the dead worker's queue emptied")
+    info = await js.consumer_info(subjects.WORK_STREAM, subjects.work_consumer("prefill", "dead"))
+    assert (info.num_pending, info.num_ack_pending) == (0, 0)  # emptied, and kept: JetStream expires it
+    micro = prefill_balancer.service.stats()
+    assert (micro["reroute"].num_requests, micro["reroute"].num_errors) == (3, 0)
+    assert micro["load"].num_requests == 3
 
 
-async def consumer_names(js) -> set[str]:
-    return {c.name for c in await js.consumers_info(subjects.WORK_STREAM)}
+async def test_a_worker_that_went_silent_and_came_back_keeps_its_consumer(nc, js, decode_balancer):
+    """Its consumer is not deleted while it may live (KEDA's scaler, which reads that consumer, would
+    fall back to the stream's last sequence and scale to the maximum): back, it pulls from it again."""
+    consumer = await ensure_work_consumer(js, "decode", "da")
+    try:
+        await publish_reports(nc, decode_balancer, report("da", "decode", interval_s=0.1))
+        await wait_until(lambda: "da" in decode_balancer.runtime.view.silent_ids, "da seen as silent")
+        await wait_until(lambda: "da" not in decode_balancer.runtime.draining, "da's queue drained")
+        await asyncio.sleep(0.3)  # a few more balancer ticks
+        await js.consumer_info(subjects.WORK_STREAM, subjects.work_consumer("decode", "da"))  # still there
+        await publish_reports(nc, decode_balancer, report("da", "decode"))  # it is back
+        reply = await hand_off(nc, 1)
+        assert (reply.accepted, reply.worker_id) == (True, "da")
+        (item,) = await consumer.fetch(5, Handoff, timeout_s=2)  # the same bound subscription, never recreated
+        assert item.msg.request.request_id == "r1"
+        await item.ack()
+    finally:
+        await consumer.close()
+
+
+async def test_bad_messages_in_a_silent_workers_queue_are_counted_and_dropped(nc, js, decode_balancer):
+    await ensure_work_consumer(js, "decode", "gone")
+    await js.publish(subjects.work("decode", "gone"), b"\xc1 not msgpack", stream=subjects.WORK_STREAM)
+    await publish_reports(nc, decode_balancer, report("gone", "decode", interval_s=0.1))
+    await wait_until(lambda: decode_balancer.service.stats()["reroute"].num_errors == 1, "the bad message counted")
+    await wait_until(lambda: "gone" not in decode_balancer.runtime.draining, "the queue emptied")
+    assert "bad_request" in decode_balancer.service.stats()["reroute"].last_error
+    assert decode_balancer.runtime.num_rerouted == 0
+
+
+async def wait_until(condition, what: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        await asyncio.sleep(0.05)
 
 
 def handoff(i: int, num_kv_tokens: int = 20) -> Handoff:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 from nats.micro.service import ServiceInfo, ServiceStats
@@ -199,3 +200,101 @@ async def test_empty_request_means_defaults_when_the_type_allows_it(nc):
 async def test_empty_request_is_refused_when_fields_are_required(nc, service):
     _, msg = await ask(nc, b"")
     assert msg.code == "bad_request" and "KvLookup has required fields" in msg.message
+
+
+async def test_inputs_and_subscriptions_are_endpoints_in_micro_stats_with_their_data(nc):
+    """What `nats micro stats` shows of work that is not a request: a counted input (a worker's
+    JetStream pulls) and a broadcast subscription, each with the `data` its callback returns."""
+    got = asyncio.Event()
+
+    async def on_cancel(msg: Cancel) -> None:
+        got.set()
+
+    svc = Service("input-svc")
+    svc.subscribe("ferry.test.cancel", Cancel, on_cancel, name="cancel", data=lambda: {"seen": 1})
+    work = svc.input("work", "ferry.work.decode.w1", data=lambda: {"num_steps": 7, "kv_usage": 0.25})
+    await svc.start(nc)
+    try:
+        work.record(3_000)
+        work.record(5_000, error="bad_request: not a Handoff")
+        await nc.publish("ferry.test.cancel", encode(Cancel(request_ids=["r1"])))
+        await asyncio.wait_for(got.wait(), timeout=2)
+        stats = await micro(nc, "STATS", "input-svc")
+        ServiceStats.from_dict(stats)  # still what nats.micro's own client reads
+        by_name = {e["name"]: e for e in stats["endpoints"]}
+        assert {k: by_name["work"][k] for k in ("subject", "queue_group", "num_requests", "num_errors")} == {
+            "subject": "ferry.work.decode.w1",
+            "queue_group": "",
+            "num_requests": 2,
+            "num_errors": 1,
+        }
+        assert by_name["work"]["last_error"] == "bad_request: not a Handoff"
+        assert (by_name["work"]["processing_time"], by_name["work"]["average_processing_time"]) == (8_000, 4_000)
+        assert by_name["work"]["data"] == {"num_steps": 7, "kv_usage": 0.25}
+        assert (by_name["cancel"]["num_requests"], by_name["cancel"]["queue_group"]) == (1, "")
+        assert by_name["cancel"]["data"] == {"seen": 1}
+        info = await micro(nc, "INFO", "input-svc")
+        assert {e["name"]: e["metadata"]["kind"] for e in info["endpoints"]} == {
+            "cancel": "subscription",
+            "work": "input",
+        }
+    finally:
+        await svc.stop()
+
+
+async def test_a_failing_stats_callback_is_reported_and_stats_still_answer(nc):
+    def broken() -> dict:
+        raise KeyError("gone")
+
+    svc = Service("broken-data-svc")
+    svc.input("work", "ferry.work.prefill.w", data=broken)
+    await svc.start(nc)
+    try:
+        (endpoint,) = (await micro(nc, "STATS", "broken-data-svc"))["endpoints"]
+        assert endpoint["data"] == {"error": "KeyError('gone')"}
+    finally:
+        await svc.stop()
+
+
+async def test_metadata_changed_while_running_is_what_discovery_serves(nc):
+    svc = Service("meta-svc")  # no metadata at start: the dict still has to be the live one
+    await svc.start(nc)
+    try:
+        svc.metadata["degraded"] = "true"
+        for verb in ("PING", "INFO", "STATS"):
+            assert (await micro(nc, verb, "meta-svc"))["metadata"] == {"degraded": "true"}
+    finally:
+        await svc.stop()
+
+
+def test_names_and_versions_are_checked_before_anything_connects():
+    with pytest.raises(ValueError, match=re.escape("version='1.0'")):
+        Service("ok", version="1.0")
+    svc = Service("ok")
+    svc.input("work", "ferry.work.decode.w")
+    with pytest.raises(ValueError, match=re.escape("name='work' is already used by ferry.work.decode.w")):
+        svc.subscribe("ferry.test.other", Cancel, None, name="work")
+
+
+async def test_a_message_published_right_after_start_reaches_the_subscription(nc, nats_url):
+    """start() returns once the server holds every subscription: a load report or cancel published the
+    moment it returns is not lost (one flush was not enough: nats-py writes its PING ahead of buffered SUBs)."""
+    from ferry.bus import connect, ensure_work_stream
+
+    for attempt in range(30):
+        own = await connect(nats_url, f"start-barrier-{attempt}")
+        await ensure_work_stream(own.jetstream())  # a JetStream request first, as every balancer makes
+        received = asyncio.Event()
+
+        async def on_cancel(msg: Cancel, received=received) -> None:
+            received.set()
+
+        svc = Service("barrier-svc")
+        svc.subscribe(f"ferry.test.barrier.{attempt}", Cancel, on_cancel)
+        await svc.start(own)
+        try:
+            await nc.publish(f"ferry.test.barrier.{attempt}", encode(Cancel(request_ids=["r"])))
+            await asyncio.wait_for(received.wait(), timeout=2)
+        finally:
+            await svc.stop()
+            await own.close()

@@ -6,6 +6,7 @@ import pytest
 from nats.js.api import RetentionPolicy
 
 from ferry.bus import delete_work_consumer, ensure_work_consumer, ensure_work_stream, publish_work
+from ferry.bus.workqueue import WORK_MAX_AGE_S
 from ferry.protocol import Cancel, subjects
 
 pytestmark = pytest.mark.integration
@@ -120,6 +121,7 @@ async def test_consumer_setup_is_idempotent_and_deletable(js):
     info = await js.consumer_info(subjects.WORK_STREAM, name)
     assert info.config.ack_wait == 10.0
     assert info.config.filter_subject == subjects.work("prefill", "w3")
+    assert info.config.inactive_threshold == WORK_MAX_AGE_S  # abandoned consumers expire; nobody deletes them
 
     assert await delete_work_consumer(js, "prefill", "w3") is True
     assert await delete_work_consumer(js, "prefill", "w3") is False

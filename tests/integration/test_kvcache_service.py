@@ -121,6 +121,10 @@ async def test_stats_count_blocks_bytes_and_lookup_hits(nc, nats_url, redis_url,
         s = await stats(nc, NS)
         assert (s.num_lookups, s.lookup_hit_rate) == (1, 0.75)
         assert (await stats(nc, "other-model")).num_blocks == 0
+        micro = json.loads((await nc.request("$SRV.STATS.kvcache", b"", timeout=3)).data)
+        by_name = {e["name"]: e for e in micro["endpoints"]}
+        assert (by_name["lookup"]["num_requests"], by_name["key_events"]["num_requests"]) == (1, 2)  # 2 SETs seen
+        assert by_name["key_events"]["data"]["num_blocks"] == 5
 
 
 async def _stats_with_blocks(nc, n):

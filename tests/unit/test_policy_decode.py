@@ -1,10 +1,10 @@
 """Decode routing: KV usage and batch fill, the batch cap, free blocks."""
 
 import pytest
-from test_policy_view import report
+from test_balancing_view import report
 
+from ferry.balancing.view import WorkerView
 from ferry_services.decode_balancer.policy import DecodePolicyConfig, blocks_needed, choose_decode_worker
-from ferry_services.prefill_balancer.view import WorkerView
 
 pytestmark = pytest.mark.unit
 CONFIG = DecodePolicyConfig()

@@ -1,8 +1,9 @@
 """Prefill routing: queued tokens and attention work, prefix overlap, overload."""
 
 import pytest
-from test_policy_view import report
+from test_balancing_view import report
 
+from ferry.balancing.view import WorkerView
 from ferry_services.prefill_balancer.policy import (
     PrefillPolicyConfig,
     choose_prefill_worker,
@@ -10,7 +11,6 @@ from ferry_services.prefill_balancer.policy import (
     prefill_cost,
     queued_load,
 )
-from ferry_services.prefill_balancer.view import WorkerView
 
 pytestmark = pytest.mark.unit
 CONFIG = PrefillPolicyConfig(max_queued_tokens=1000, attention_weight=0.0)

@@ -1,111 +1,91 @@
-"""NATS micro discovery for a ferry `Service`: answers `$SRV.PING`, `$SRV.INFO` and `$SRV.STATS`.
+"""NATS micro registration of a ferry `Service`, on nats-py's own `nats.micro`.
 
-Each verb is served on three subjects (all services, every instance of this name, this instance),
-with the JSON bodies of the micro protocol (io.nats.micro.v1.*). The payload classes come from
-nats-py's `nats.micro`, so the JSON is exactly what the `nats micro` CLI reads; the endpoint
-handling is ferry's own, because ferry counts decode errors and answers with `ErrorReply`.
+`nats.micro.Service` gives each instance its id, answers `$SRV.PING`, `$SRV.INFO` and `$SRV.STATS` on
+the three subjects each (all services, every instance of this name, this instance) with the JSON the
+`nats micro` CLI reads; `ServiceConfig.stats_handler` fills each endpoint's `data` in STATS.
+
+What it lists as endpoints comes from ferry, not from `nats.micro.Endpoint`, because ferry needs what
+that class cannot do: an error reply that carries an `ErrorReply` body (its error path sends headers
+only, and ferry's clients decode the body), a stop that drains (it unsubscribes, dropping messages
+already queued), subscriptions without a queue group (load reports and cancels reach every replica:
+it always joins one), and inputs that are not subscriptions at all (JetStream pulls, whose counts the
+owner records). So ferry keeps one `EndpointStats` per endpoint, subscription or input, and
+`MicroRegistration` overrides `stats()` and `info()`, the two methods whose results nats.micro
+serializes, to report them.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER
-from nats.micro.service import (
-    EndpointInfo,
-    ServiceInfo,
-    ServicePing,
-    ServiceStats,
-    ServiceVerb,
-    control_subject,
-)
+from nats.micro.service import EndpointInfo, ServiceConfig, ServiceInfo, ServiceStats
 from nats.micro.service import EndpointStats as MicroEndpointStats
-from nats.nuid import NUID
+from nats.micro.service import Service as MicroService
 
-if TYPE_CHECKING:
-    from ferry.bus.service import Service
-
-__all__ = ["ERROR_CODE_HEADER", "ERROR_HEADER", "Control", "ServiceVerb", "control_subject"]
+__all__ = ["ERROR_CODE_HEADER", "ERROR_HEADER", "Counters", "MicroRegistration"]
 
 log = logging.getLogger("ferry.bus")
 
 
-class Control:
-    """The `$SRV.*` subscriptions of one service instance."""
+class Counters(Protocol):
+    """What a ferry endpoint, subscription or input reports (ferry.bus.service.EndpointStats)."""
 
-    def __init__(self, nc: Client, service: Service) -> None:
-        self.nc = nc
-        self.service = service
-        self.id = NUID().next().decode()  # the id scheme nats.micro uses: unique per instance
-        self.started = datetime.now(timezone.utc)
-        self._subscriptions: list[Subscription] = []
+    name: str
+    subject: str
+    queue_group: str
+    kind: str
+    num_requests: int
+    num_errors: int
+    last_error: str
+    processing_time_ns: int
 
-    async def start(self) -> None:
-        answers = {ServiceVerb.PING: self.ping, ServiceVerb.INFO: self.info, ServiceVerb.STATS: self.stats}
-        for verb, answer in answers.items():
-            for name, instance_id in ((None, None), (self.service.name, None), (self.service.name, self.id)):
-                subject = control_subject(verb, name=name, id=instance_id)
-                self._subscriptions.append(await self.nc.subscribe(subject, cb=self._responder(answer)))
+
+class MicroRegistration(MicroService):
+    """A nats.micro service whose endpoints are ferry's counters, read afresh at every STATS / INFO."""
+
+    def __init__(self, nc: Client, config: ServiceConfig, counters: Callable[[], Iterable[Counters]]) -> None:
+        super().__init__(nc, config)
+        self._counters = counters
+        self._stats_handler_of_config = config.stats_handler
+        # nats.micro swaps an empty metadata dict for a new one; ferry's dict must stay the live one
+        # (kvcache flips `degraded` in it while running), so PING/INFO/STATS always read the same object.
+        self._metadata = config.metadata if config.metadata is not None else {}
+
+    def stats(self) -> ServiceStats:
+        stats = super().stats()  # identity, started, metadata; the endpoints are ferry's
+        stats.endpoints = [_micro_stats(c) for c in self._counters()]
+        if self._stats_handler_of_config is not None:  # what nats.micro does for its own endpoints
+            for endpoint in stats.endpoints:
+                endpoint.data = self._stats_handler_of_config(endpoint)
+        return stats
+
+    def info(self) -> ServiceInfo:
+        info = super().info()
+        info.endpoints = [
+            EndpointInfo(name=c.name, subject=c.subject, queue_group=c.queue_group, metadata={"kind": c.kind})
+            for c in self._counters()
+        ]
+        return info
 
     async def stop(self) -> None:
-        subscriptions, self._subscriptions = self._subscriptions, []
-        for sub in subscriptions:
-            try:
-                await sub.unsubscribe()
-            except Exception:  # connection already closed
-                log.debug("unsubscribe of %s failed", sub.subject, exc_info=True)
+        try:
+            await super().stop()
+        except Exception:  # connection already closed: nothing left to unregister from
+            log.debug("micro stop of %s failed", self._name, exc_info=True)
 
-    def _responder(self, answer):
-        async def respond(msg: Msg) -> None:
-            if not msg.reply:
-                return
-            try:
-                await self.nc.publish(msg.reply, json.dumps(answer()).encode())
-            except Exception:  # never let discovery take the service down
-                log.warning("could not answer %s", msg.subject, exc_info=True)
 
-        return respond
-
-    def ping(self) -> dict:
-        s = self.service
-        return ServicePing(id=self.id, name=s.name, version=s.version, metadata=s.metadata).to_dict()
-
-    def info(self) -> dict:
-        s = self.service
-        endpoints = [
-            EndpointInfo(name=e.name, subject=e.subject, queue_group=e.queue_group, metadata={"kind": e.kind})
-            for e in s.stats().values()
-        ]
-        return ServiceInfo(
-            name=s.name,
-            id=self.id,
-            version=s.version,
-            description=s.description,
-            endpoints=endpoints,
-            metadata=s.metadata,
-        ).to_dict()
-
-    def stats(self) -> dict:
-        s = self.service
-        endpoints = [
-            MicroEndpointStats(
-                name=e.name,
-                subject=e.subject,
-                queue_group=e.queue_group,
-                num_requests=e.num_requests,
-                num_errors=e.num_errors,
-                last_error=e.last_error,
-                processing_time=e.processing_time_ns,
-                average_processing_time=e.processing_time_ns // e.num_requests if e.num_requests else 0,
-            )
-            for e in s.stats().values()
-        ]
-        return ServiceStats(
-            id=self.id, name=s.name, version=s.version, started=self.started, endpoints=endpoints, metadata=s.metadata
-        ).to_dict()
+def _micro_stats(c: Counters) -> MicroEndpointStats:
+    return MicroEndpointStats(
+        name=c.name,
+        subject=c.subject,
+        queue_group=c.queue_group,
+        num_requests=c.num_requests,
+        num_errors=c.num_errors,
+        last_error=c.last_error,
+        processing_time=c.processing_time_ns,
+        average_processing_time=c.processing_time_ns // c.num_requests if c.num_requests else 0,
+    )

@@ -3,8 +3,10 @@
 Handlers receive decoded `ferry.protocol` messages and never see bytes. Whatever goes wrong in one
 message (bad bytes, an exception, an unencodable reply) becomes an `ErrorReply` to the requester
 plus a counted, logged error; the subscription keeps serving the next message. Each service
-registers with NATS micro so `nats micro ls/info/stats` (subjects `$SRV.PING|INFO|STATS[.name[.id]]`)
-list it with per-endpoint request and error counts.
+registers with NATS micro (nats-py's `nats.micro`, see micro.py) so `nats micro ls/info/stats`
+(subjects `$SRV.PING|INFO|STATS[.name[.id]]`) list it with per-endpoint request and error counts:
+its endpoints, its subscriptions, and its *inputs*, work that does not arrive as a core-NATS message
+(a worker's JetStream pulls), counted by their owner with `record()`.
 
 nats-py runs one subscription's callbacks one after another, so a handler that may take long
 should start a task and return.
@@ -15,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.micro.service import NAME_REGEX, SEMVER_REGEX, ServiceConfig
 
 from ferry.bus import micro
 from ferry.logs import request_context
@@ -32,8 +34,8 @@ from ferry.protocol import ErrorReply, ProtocolError, decode, encode
 log = logging.getLogger("ferry.bus")
 
 M = TypeVar("M")
-_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
-_SEMVER_RE = re.compile(r"^\d+\.\d+\.\d+([-+][0-9A-Za-z.+-]+)?$")
+StatsData = Callable[[], Any]
+"""Returns what $SRV.STATS shows as an endpoint's `data` (JSON-serializable), or None."""
 
 
 class BusError(Exception):
@@ -54,13 +56,24 @@ class EndpointStats:
     queue_group: str
     """'' for a subscription every replica receives."""
     kind: str
-    """'endpoint' (request/reply) or 'subscription' (pub/sub)."""
+    """'endpoint' (request/reply), 'subscription' (pub/sub) or 'input' (counted by its owner)."""
     num_requests: int = 0
     """Messages received, bad ones included."""
     num_errors: int = 0
     """Bad bytes, handler exceptions and BusErrors."""
     last_error: str = ""
     processing_time_ns: int = 0
+
+    def record(self, processing_time_ns: int, error: str | None = None) -> None:
+        """One message or work item handled, in `processing_time_ns`; `error` says what went wrong."""
+        self.num_requests += 1
+        self.processing_time_ns += processing_time_ns
+        if error is not None:
+            self.count_error(error)
+
+    def count_error(self, error: str) -> None:
+        self.num_errors += 1
+        self.last_error = error
 
 
 class _Handler:
@@ -111,8 +124,7 @@ class _Handler:
                 await self._fail(msg, "internal", repr(exc))
 
     async def _fail(self, msg: Msg, code: str, message: str) -> None:
-        self.stats.num_errors += 1
-        self.stats.last_error = f"{code}: {message}"
+        self.stats.count_error(f"{code}: {message}")
         # a header value must be one short line: CR/LF in it would corrupt the NATS protocol stream
         description = " ".join(message.split())[:1024]
         headers = {micro.ERROR_HEADER: description, micro.ERROR_CODE_HEADER: code}
@@ -140,29 +152,32 @@ def _name_from_subject(subject: str) -> str:
 
 
 class Service:
-    """A named NATS micro service holding typed endpoints and subscriptions."""
+    """A named NATS micro service holding typed endpoints, subscriptions and counted inputs."""
 
     def __init__(
         self, name: str, version: str = "0.1.0", description: str = "", metadata: dict[str, str] | None = None
     ) -> None:
-        if not _NAME_RE.match(name):
+        if not NAME_REGEX.match(name):
             raise ValueError(f"name={name!r} must be letters, digits, '-' or '_'")
-        if not _SEMVER_RE.match(version):
+        if not SEMVER_REGEX.match(version):
             raise ValueError(f"version={version!r} must be semantic (e.g. 0.1.0)")
         self.name = name
         self.version = version
         self.description = description
         self.metadata = dict(metadata or {})
+        """Served live by PING/INFO/STATS: update it in place while running."""
         self.draining = asyncio.Event()
         """Set when shutdown starts; background loops should stop taking new work."""
         self._handlers: dict[str, _Handler] = {}
-        self._control: micro.Control | None = None
+        self._inputs: dict[str, EndpointStats] = {}
+        self._stats_data: dict[str, StatsData] = {}
+        self._micro: micro.MicroRegistration | None = None
         self._nc: Client | None = None
 
     @property
     def id(self) -> str:
         """This instance's micro id (assigned by `start`)."""
-        return self._control.id if self._control else ""
+        return self._micro.id if self._micro else ""
 
     def endpoint(
         self,
@@ -171,9 +186,11 @@ class Service:
         handler: Callable[[M], Awaitable[Any]],
         queue: str | None = None,
         name: str | None = None,
+        data: StatsData | None = None,
     ) -> None:
         """Request/reply: `handler(request) -> reply message`. Replicas share a queue group."""
-        self._add("endpoint", subject, request_type, handler, queue or self.name, name)
+        stats = self._add("endpoint", subject, queue or self.name, name, data)
+        self._handlers[stats.name] = _Handler(stats, request_type, handler)
 
     def subscribe(
         self,
@@ -182,40 +199,61 @@ class Service:
         handler: Callable[[M], Awaitable[None]],
         queue: str | None = None,
         name: str | None = None,
+        data: StatsData | None = None,
     ) -> None:
         """Pub/sub: `handler(msg) -> None`. Without `queue` every replica gets every message."""
-        self._add("subscription", subject, msg_type, handler, queue or "", name)
+        stats = self._add("subscription", subject, queue or "", name, data)
+        self._handlers[stats.name] = _Handler(stats, msg_type, handler)
 
-    def _add(self, kind: str, subject: str, msg_type: type, handler: Callable, queue: str, name: str | None) -> None:
+    def input(self, name: str, subject: str, data: StatsData | None = None) -> EndpointStats:
+        """Work that reaches this service other than as a core-NATS message (a JetStream pull): listed
+        in $SRV.INFO/STATS like an endpoint; the owner counts each item with `.record(ns, error=None)`."""
+        stats = self._add("input", subject, "", name, data)
+        self._inputs[stats.name] = stats
+        return stats
+
+    def _add(self, kind: str, subject: str, queue: str, name: str | None, data: StatsData | None) -> EndpointStats:
         if self._nc is not None:
-            raise RuntimeError(f"{self.name}: add endpoints and subscriptions before start()")
+            raise RuntimeError(f"{self.name}: add endpoints, subscriptions and inputs before start()")
         if not subject or " " in subject:
             raise ValueError(f"subject={subject!r} must be a NATS subject")
         name = name or _name_from_subject(subject)
-        if not _NAME_RE.match(name):
+        if not NAME_REGEX.match(name):
             raise ValueError(f"name={name!r} must be letters, digits, '-' or '_'")
-        if name in self._handlers:
-            raise ValueError(f"name={name!r} is already used by {self._handlers[name].stats.subject}")
-        stats = EndpointStats(name=name, subject=subject, queue_group=queue, kind=kind)
-        self._handlers[name] = _Handler(stats, msg_type, handler)
+        if name in self._handlers or name in self._inputs:
+            raise ValueError(f"name={name!r} is already used by {self._counters()[name].subject}")
+        if data is not None:
+            self._stats_data[name] = data
+        return EndpointStats(name=name, subject=subject, queue_group=queue, kind=kind)
 
     async def start(self, nc: Client) -> None:
-        """Subscribe every endpoint and subscription, then answer `$SRV.*`."""
+        """Subscribe every endpoint and subscription, then answer `$SRV.*` (nats.micro)."""
         if self._nc is not None:
             raise RuntimeError(f"{self.name}: already started")
         self._nc = nc
         for h in self._handlers.values():
             h.nc = nc
             h.subscription = await nc.subscribe(h.stats.subject, queue=h.stats.queue_group, cb=h.on_message)
-        self._control = micro.Control(nc, self)
-        await self._control.start()
+        config = ServiceConfig(
+            name=self.name,
+            version=self.version,
+            description=self.description,
+            metadata=self.metadata,
+            stats_handler=self._data_of,
+        )
+        self._micro = micro.MicroRegistration(nc, config, lambda: self._counters().values())
+        await self._micro.start()  # subscribes $SRV.*, then flushes
+        # nats-py's flush() writes its PING straight to the socket, ahead of the SUBs still buffered for its
+        # flusher task (nats-py 2.9-2.16), so that PONG does not prove the server holds them, and a message
+        # published right after start() could find no subscriber. The buffered SUBs were handed to the
+        # socket before that PONG was read, so a second PING goes out behind them: its PONG does prove it.
         await nc.flush()
         log.info(
             "service %s %s started (id %s): %s",
             self.name,
             self.version,
             self.id,
-            ", ".join(h.stats.subject for h in self._handlers.values()),
+            ", ".join(c.subject for c in self._counters().values()),
         )
 
     async def stop(self) -> None:
@@ -225,12 +263,26 @@ class Service:
             if h.subscription is not None:
                 sub, h.subscription = h.subscription, None
                 await _drain(sub)
-        if self._control is not None:
-            await self._control.stop()
+        if self._micro is not None:
+            await self._micro.stop()
 
     def stats(self) -> dict[str, EndpointStats]:
-        """A snapshot of every endpoint's and subscription's counters, by name."""
-        return {name: dataclasses.replace(h.stats) for name, h in self._handlers.items()}
+        """A snapshot of every endpoint's, subscription's and input's counters, by name."""
+        return {name: dataclasses.replace(stats) for name, stats in self._counters().items()}
+
+    def _counters(self) -> dict[str, EndpointStats]:
+        return {**{name: h.stats for name, h in self._handlers.items()}, **self._inputs}
+
+    def _data_of(self, endpoint: Any) -> Any:
+        """nats.micro's stats_handler: the `data` of one endpoint in $SRV.STATS."""
+        data = self._stats_data.get(endpoint.name)
+        if data is None:
+            return None
+        try:
+            return data()
+        except Exception as exc:  # a broken callback must not take STATS down with it
+            log.warning("%s: stats data of %s failed", self.name, endpoint.name, exc_info=True)
+            return {"error": repr(exc)}
 
 
 async def _drain(sub: Subscription) -> None:

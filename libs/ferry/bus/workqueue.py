@@ -157,6 +157,9 @@ async def ensure_work_consumer(
         ack_policy=AckPolicy.EXPLICIT,
         deliver_policy=DeliverPolicy.ALL,
         ack_wait=ack_wait_s,
+        # Balancers never delete a worker's consumer (it may still live); JetStream drops one that nobody
+        # pulled from or acked on for as long as work may wait in the stream.
+        inactive_threshold=WORK_MAX_AGE_S,
         max_deliver=max_deliver,
         description=f"ferry {role} worker {worker_id}",
     )

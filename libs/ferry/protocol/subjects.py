@@ -46,6 +46,11 @@ def work(role: str, worker_id: str) -> str:
     return f"ferry.work.{_role(role)}.{_token(worker_id, 'worker_id')}"
 
 
+def work_role(role: str) -> str:
+    """Wildcard for every worker's queued work of one role."""
+    return f"ferry.work.{_role(role)}.*"
+
+
 def work_consumer(role: str, worker_id: str) -> str:
     """Durable pull consumer name of a worker on WORK_STREAM."""
     return f"{_role(role)}-{_token(worker_id, 'worker_id')}"

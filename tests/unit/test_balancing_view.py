@@ -2,8 +2,8 @@
 
 import pytest
 
+from ferry.balancing.view import WorkerView
 from ferry.protocol import LoadReport
-from ferry_services.prefill_balancer.view import WorkerView
 
 pytestmark = pytest.mark.unit
 
@@ -93,3 +93,19 @@ def test_report_of_the_other_role_is_refused():
 def test_silent_threshold_must_exceed_one_interval():
     with pytest.raises(ValueError, match="silent_after_intervals"):
         WorkerView("prefill", silent_after_intervals=1)
+
+
+def test_the_view_and_the_policies_import_no_nats_redis_or_torch():
+    """The deciding half of balancing stays pure, however the I/O half next to it grows."""
+    import subprocess
+    import sys
+
+    modules = [
+        "ferry.balancing.view",
+        "ferry_services.prefill_balancer.policy",
+        "ferry_services.prefill_balancer.prefix_index",
+        "ferry_services.decode_balancer.policy",
+    ]
+    code = f"import sys, {', '.join(modules)}; print([m for m in ('nats', 'redis', 'torch') if m in sys.modules])"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"

@@ -1,7 +1,7 @@
 """A balancer's live view of the workers of one role, built from their periodic load reports.
 
 Pure: no NATS, no clock of its own (callers pass `now`), so it is tested without servers.
-Both balancers use it (the decode-balancer imports it from here).
+Both balancers route on it; their policies read `WorkerState`s.
 
 A report is a snapshot taken every `interval_s`; between two reports the balancer keeps routing,
 so it adds what it routed since the last report on top (`note_routed`) — otherwise every request
