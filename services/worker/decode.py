@@ -6,27 +6,40 @@ running batch keeps stepping on the engine thread, then loaded into the pool and
 batch (`engine.add_prefilled`). The message is acked once the sequence is in the engine. Blocks
 that are missing (evicted, Redis down, another model) are recomputed from the tokens instead:
 counted in `num_recomputed` and logged, never silent.
+
+Scale-down (SIGTERM): it stops pulling and reports itself draining (no balancer routes to it), lets
+its sequences finish within FERRY_SHUTDOWN_GRACE_S, then hands each unfinished one on like a
+prefill worker does: its KV and tokens so far to the store, a `Handoff` through the decode-balancer
+to another decode worker, which continues at the next token. One that nobody takes gets an
+`ErrorEvent(worker_lost, retryable)`, so the gateway migrates it. Hand-offs pulled but not joined
+yet go back to the queue (nak); the balancers move this worker's queue once it is gone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
-from ferry.bus import WorkItem
 from ferry.kvstore import KvStoreError
-from ferry.protocol import Handoff
+from ferry.protocol import GenerateRequest, Handoff
 from ferry_services.worker.base import Worker
+from ferry_services.worker.joining import FetchedKV, Joined
+from ferry_services.worker.ledger import Effects, Held, engine_id
 
 log = logging.getLogger(__name__)
 
-RETRY_ADMIT_S = 0.5
-"""A hand-off that does not fit now goes back to the queue for this long."""
+MOVE_TIMEOUT_S = 5.0
+"""At shutdown, how long a sequence is offered to the decode-balancers before it is left to the
+gateway's migration: a worker exits within FERRY_SHUTDOWN_GRACE_S + this (+ one store write)."""
 
 
 class DecodeWorker(Worker):
     role = "decode"
     work_type = Handoff
     pipelined = True
+    kv_is_optional = False
+    admits_in_pull_order = False
+    acks_on_join = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -34,44 +47,12 @@ class DecodeWorker(Worker):
         """Sequences whose KV came from the store."""
         self.num_recomputed = 0
         """Sequences whose KV was missing and had to be recomputed."""
+        self.num_moved = 0
+        """Sequences handed on to another decode worker at shutdown."""
 
-    async def accept(self, item: WorkItem) -> None:
-        handoff: Handoff = item.msg
-        request_id = handoff.request.request_id
-        if not self.is_new(request_id, handoff.request.attempt):
-            if request_id in self.cancelled or self.is_stale(request_id, handoff.request.attempt):
-                await item.ack()
-            return
-        await self.drop_older_attempt(request_id)
-        self.hold(handoff.request, item)
-        self.spawn(self.admit(handoff))
-
-    async def admit(self, handoff: Handoff) -> None:
-        """Fetch the blocks (overlapping the running batch's steps), then join the batch."""
-        request_id = handoff.request.request_id
+    async def fetch_kv(self, handoff: Handoff) -> FetchedKV | None:
         data = await self.load_blocks(handoff)
-        if not self.is_current(handoff.request):
-            return  # cancelled (or replaced by a newer attempt) while the blocks travelled
-        if data is None:
-            self.num_recomputed += 1
-            log.warning("KV of %s not in the store (%d tokens): recomputing it", request_id, handoff.num_kv_tokens)
-        try:
-            admitted = await self.add_to_engine(self._join, handoff, data)
-        except ValueError as exc:  # the sequence does not fit this engine at all
-            await self.publish_error(handoff.request, "bad_request", str(exc), retryable=False)
-            admitted = True  # settled for good
-            self.forget(request_id)
-        else:  # added (or refused for room): drop it if a cancel raced the addition
-            if await self.abort_if_gone(handoff.request):
-                return
-        if not admitted:  # no room after all (the balancer's view was stale): back to the queue
-            self.forget(request_id)
-            item = self.held.pop(request_id)
-            await item.nak(RETRY_ADMIT_S)
-            return
-        self.num_transferred += data is not None
-        await self.settle(request_id)
-        self.has_work.set()
+        return FetchedKV(data, handoff.num_kv_tokens) if data is not None else None
 
     async def load_blocks(self, handoff: Handoff):
         """[n, *block_shape] KV of the hand-off, or None when it cannot be used."""
@@ -91,26 +72,51 @@ class DecodeWorker(Worker):
             log.warning("KV store failed for %s: %s", handoff.request.request_id, exc)
             return None
 
-    def _join(self, handoff: Handoff, data) -> bool:
-        """Runs on the engine thread. False when there is no room now."""
-        request = handoff.request
-        if data is None:  # the engine queues it and prefills prompt + streamed tokens again
-            self.engine.add_request(
-                request.request_id,
-                request.prompt_token_ids,
-                request.sampling,
-                request.output_token_ids,
-                request.arrival_time or None,
+    def count_join(self, request: GenerateRequest, joined: Joined, kv: FetchedKV | None) -> None:
+        if joined is Joined.WITH_KV:
+            self.num_transferred += 1
+        else:
+            self.num_recomputed += 1
+            log.warning(
+                "KV of %s not in the store: recomputing it (%d tokens)", request.request_id, len(request.all_token_ids)
             )
-            return True
-        if not self.engine.can_admit(len(request.all_token_ids)):
-            return False
-        self.engine.add_prefilled(
-            request.request_id,
-            request.prompt_token_ids,
-            request.output_token_ids,
-            request.sampling,
-            data,
-            handoff.num_kv_tokens,
+
+    # ---- scale-down --------------------------------------------------------------------------
+    async def release(self, held: list[Held]) -> None:
+        """Hand on every sequence still running; give back what has not joined yet."""
+        taken = await self.compute.call(self._take_running, [engine_id(h.request) for h in held if h.in_engine])
+        moving = [h for h in held if engine_id(h.request) in taken]
+        staying = [h for h in held if engine_id(h.request) not in taken]
+        await self.apply(Effects(nak=[(h.handle, None) for h in staying if h.handle is not None]))
+        for h in staying:
+            if h.handle is None:  # acked, yet not in the engine (a halt that timed out): let the gateway redo it
+                await self.publish_error(h.request, "worker_lost", f"{self.worker_id} shut down", retryable=True)
+        moved = await asyncio.gather(*(self.move(h, *taken[engine_id(h.request)]) for h in moving))
+        self.num_moved += sum(moved)
+        log.info(
+            "shutdown: %d sequences handed on, %d left to the gateway to migrate, %d given back to the queue",
+            sum(moved),
+            len(moved) - sum(moved),
+            len(staying),
         )
-        return True
+
+    def _take_running(self, sequence_ids: list[str]) -> dict[str, tuple]:
+        """Runs on the engine thread: (KV, output tokens so far) of each sequence, taken out."""
+        taken = {}
+        for sequence_id in sequence_ids:
+            try:
+                taken[sequence_id] = self.engine.take_running(sequence_id)
+            except KeyError:  # its addition was refused, or it finished
+                continue
+        return taken
+
+    async def move(self, held: Held, kv, output_token_ids: list[int]) -> bool:
+        """Offer one unfinished sequence to another decode worker; else have the gateway migrate it."""
+        request = held.request
+        new_token_ids = output_token_ids[len(request.output_token_ids) :]
+        accepted = await self.handoffs.send(request, new_token_ids, kv, MOVE_TIMEOUT_S)
+        if not accepted:
+            message = f"decode worker {self.worker_id} shut down and no other took the sequence"
+            await self.publish_error(request, "worker_lost", message, retryable=True)
+        await self.apply(Effects(ack=[held.handle] if held.handle is not None else []))
+        return accepted

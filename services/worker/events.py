@@ -6,10 +6,10 @@ One engine step yields outputs for many requests from many gateways; they go out
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
-from ferry.protocol import BlockRef, OutputBatch, TokenEvent, TokenLogprob, hash_block
+from ferry.protocol import BlockRef, GenerateRequest, OutputBatch, TokenEvent, TokenLogprob, hash_block
 
 PARTIAL_BLOCK_KEY = "partial"
 """Extra hash key of a trailing partial block: never equal to a full block's hash."""
@@ -19,6 +19,7 @@ class Output(Protocol):
     """The fields of `ferry.engine.RequestOutput` a token event needs."""
 
     request_id: str
+    """The engine's id of the sequence (one per attempt: see ledger.engine_id)."""
     index: int
     new_token_ids: list[int]
     text: str
@@ -27,31 +28,33 @@ class Output(Protocol):
     num_prompt_tokens: int
 
 
-def token_event(out: Output) -> TokenEvent:
+def token_event(out: Output, request: GenerateRequest) -> TokenEvent:
     return TokenEvent(
-        request_id=out.request_id,
+        request_id=request.request_id,
         index=out.index,
         token_ids=list(out.new_token_ids),
         text=out.text,
         logprobs=out.logprobs,
         finish_reason=out.finish_reason,
         num_prompt_tokens=out.num_prompt_tokens,
+        attempt=request.attempt,  # the gateway drops events of attempts it migrated away from
     )
 
 
 def batch_by_gateway(
-    outputs: Iterable[Output], gateway_of: Mapping[str, str], worker_id: str
+    outputs: Iterable[Output], owner: Callable[[str], GenerateRequest | None], worker_id: str
 ) -> dict[str, OutputBatch]:
-    """One OutputBatch per gateway; outputs of requests this worker no longer tracks are dropped."""
+    """One OutputBatch per gateway. `owner` maps an output's engine id to the request attempt it
+    belongs to; outputs of attempts this worker no longer holds (cancelled, replaced) are dropped."""
     batches: dict[str, OutputBatch] = {}
     for out in outputs:
-        gateway_id = gateway_of.get(out.request_id)
-        if gateway_id is None:
-            continue  # cancelled while the step ran
-        batch = batches.get(gateway_id)
+        request = owner(out.request_id)
+        if request is None:
+            continue  # cancelled or replaced while the step ran
+        batch = batches.get(request.gateway_id)
         if batch is None:
-            batch = batches[gateway_id] = OutputBatch(worker_id=worker_id)
-        batch.tokens.append(token_event(out))
+            batch = batches[request.gateway_id] = OutputBatch(worker_id=worker_id)
+        batch.tokens.append(token_event(out, request))
     return batches
 
 

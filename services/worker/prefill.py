@@ -3,42 +3,26 @@
 Pulls `PrefillWork` from `ferry.work.prefill.<id>` while its token budget allows; each engine
 step's first tokens go to `ferry.out.<gateway>` right away (TTFT), then, while the next step
 computes, the sequence's KV blocks are written to the store (`KvStore.put_blocks`) and a
-`Handoff` is offered on `ferry.handoff` until a decode-balancer accepts it. Only then is the
-JetStream message acked, so a prefill worker that dies mid-way leaves its work to be redone.
+`Handoff` is offered on `ferry.handoff` until a decode-balancer accepts it (`handoff.py`). Only
+then is the JetStream message acked, so a prefill worker that dies mid-way leaves its work to be
+redone. On SIGTERM it finishes what it holds within the grace period and gives the rest back to
+the gateway (`ErrorEvent(worker_lost, retryable)`: resubmitted elsewhere at once).
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import logging
 import time
 
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
-
 from ferry import metrics
-from ferry.bus import WorkItem, trace
+from ferry.bus import trace
 from ferry.kvstore import KvStoreError
 from ferry.kvstore.index import MAX_HASHES_PER_EVENT
-from ferry.protocol import (
-    Handoff,
-    HandoffReply,
-    KvEvent,
-    PrefillWork,
-    ProtocolError,
-    decode,
-    encode,
-    hash_full_blocks,
-    subjects,
-)
+from ferry.protocol import GenerateRequest, KvEvent, PrefillWork, encode, hash_full_blocks, subjects
 from ferry_services.worker.base import Worker
-from ferry_services.worker.events import handoff_blocks
+from ferry_services.worker.joining import FetchedKV, Joined
 
 log = logging.getLogger(__name__)
-
-HANDOFF_REQUEST_TIMEOUT_S = 5.0
-MAX_RETRY_DELAY_S = 1.0
 
 
 class PrefillWorker(Worker):
@@ -47,8 +31,6 @@ class PrefillWorker(Worker):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.num_handoffs = 0
-        self.num_kv_store_failures = 0
         self.num_prefix_blocks_reused = 0
         """Leading prompt blocks fetched from the store instead of computed."""
         self.num_prefix_fetch_failures = 0
@@ -58,45 +40,18 @@ class PrefillWorker(Worker):
             return 0  # the next steps are full already: leave the rest to less busy workers
         return super().pull_budget()
 
-    async def accept(self, item: WorkItem) -> None:
-        request = item.msg.request
-        trace.hop(request.request_id, "pw.pulled")
-        if not self.is_new(request.request_id, request.attempt):
-            if request.request_id in self.cancelled or self.is_stale(request.request_id, request.attempt):
-                await item.ack()
-            return  # a redelivery of what we hold: the held copy gets settled
-        await self.drop_older_attempt(request.request_id)
-        if item.msg.routed_at:
-            log.debug("%s pulled %.1f ms after routing", request.request_id, (time.time() - item.msg.routed_at) * 1000)
-        self.hold(request, item)
+    async def fetch_kv(self, work: PrefillWork) -> FetchedKV | None:
+        request = work.request
+        if work.routed_at:
+            log.debug("%s pulled %.1f ms after routing", request.request_id, (time.time() - work.routed_at) * 1000)
         metrics.PREFIX_CACHE_QUERIES.labels(self.role).inc(len(request.all_token_ids))
-        try:
-            prefix = await self.fetch_prefix(request, item.msg.num_cached_blocks_hint)
-            trace.hop(request.request_id, "pw.prefix")
-            if not self.is_current(request):
-                return  # cancelled or replaced while the prefix travelled: settled there
-            admitted = prefix is not None and await self.add_to_engine(self._admit_with_prefix, request, *prefix)
-            if not admitted:
-                await self.add_to_engine(
-                    self.engine.add_request,
-                    request.request_id,
-                    request.prompt_token_ids,
-                    request.sampling,
-                    request.output_token_ids,
-                    request.arrival_time or None,
-                )
-        except ValueError as exc:  # does not fit this model: the client's fault, not retryable
-            await self.publish_error(request, "bad_request", str(exc), retryable=False)
-            self.forget(request.request_id)
-            await self.settle(request.request_id)
-            return
-        if await self.abort_if_gone(request):
-            return
-        self.has_work.set()
+        prefix = await self.fetch_prefix(request, work.num_cached_blocks_hint)
+        trace.hop(request.request_id, "pw.prefix")
+        return prefix
 
-    async def fetch_prefix(self, request, num_cached_blocks_hint: int = 1) -> tuple | None:
-        """(kv_data, num_tokens) of the prompt's leading full blocks from the store, when the store
-        holds more of them than this worker's own pool; None to compute (or hit locally) instead.
+    async def fetch_prefix(self, request: GenerateRequest, num_cached_blocks_hint: int = 1) -> FetchedKV | None:
+        """The prompt's leading full blocks from the store, when the store holds more of them than
+        this worker's own pool; None to compute (or hit locally) instead.
 
         A hint of 0 (the balancer knows of no block of this prompt in this pool or the store) skips
         the store: a Redis round trip on every new prompt's way to its first token. The balancer's
@@ -126,46 +81,37 @@ class PrefillWorker(Worker):
         if data is None:  # evicted or corrupt since the lookup
             self.num_prefix_fetch_failures += 1
             return None
-        return data, num_stored * block_size
+        return FetchedKV(data, num_stored * block_size)
 
-    def _admit_with_prefix(self, request, kv_data, num_kv_tokens: int) -> bool:
-        """Runs on the engine thread: join with the fetched prefix; False when there is no room now."""
-        if not self.engine.can_admit(len(request.all_token_ids)):
-            return False
-        self.engine.add_prefilled(
-            request.request_id,
-            request.prompt_token_ids,
-            request.output_token_ids,
-            request.sampling,
-            kv_data,
-            num_kv_tokens,
-            count_as_cached=True,
-        )
-        self.num_prefix_blocks_reused += kv_data.shape[0]
-        return True
+    def count_join(self, request: GenerateRequest, joined: Joined, kv: FetchedKV | None) -> None:
+        if joined is Joined.WITH_KV:
+            assert kv is not None
+            self.num_prefix_blocks_reused += kv.data.shape[0]
 
     async def after_step(self, outputs: list) -> None:
         await self.publish_outputs(outputs)  # first tokens go out before any KV is copied: TTFT
+        owners = {out.request_id: self.ledger.owner(out.request_id) for out in outputs}
         if trace.enabled():
-            for out in outputs:
-                trace.hop(out.request_id, "pw.published")
-        pinned = [o for o in outputs if o.finish_reason is None and o.request_id in self.requests]
-        prefilled, pool_changes = await self.compute.call(self._take_prefilled, [o.request_id for o in pinned])
+            for request in filter(None, owners.values()):
+                trace.hop(request.request_id, "pw.published")
+        pinned = [o.request_id for o in outputs if o.finish_reason is None and owners[o.request_id] is not None]
+        prefilled, pool_changes = await self.compute.call(self._take_prefilled, pinned)
         await self.publish_pool_changes(*pool_changes)
         for out in outputs:
+            request = owners[out.request_id]
             if out.finish_reason is not None:  # done at its first token (max_tokens=1, EOS)
-                self.forget(out.request_id)
-                await self.settle(out.request_id)
-            elif out.request_id in prefilled and out.request_id in self.requests:
-                self.spawn(self.hand_off(out.request_id, out.new_token_ids, prefilled[out.request_id]))
+                await self.apply(self.ledger.finished(out.request_id))
+            elif out.request_id in prefilled and request is not None and self.ledger.is_current(request):
+                self.ledger.left_engine(request)
+                self.spawn(self.hand_off(request, out.new_token_ids, prefilled[out.request_id]))
 
-    def _take_prefilled(self, request_ids: list[str]) -> tuple[dict, tuple[list[bytes], list[bytes]]]:
+    def _take_prefilled(self, sequence_ids: list[str]) -> tuple[dict, tuple[list[bytes], list[bytes]]]:
         """Runs on the engine thread: each sequence's KV as a CPU copy (its blocks are freed), and
         the pool's prefix-cache changes since the last step."""
         taken = {}
-        for request_id in request_ids:
+        for sequence_id in sequence_ids:
             try:
-                taken[request_id] = self.engine.take_prefilled(request_id)
+                taken[sequence_id] = self.engine.take_prefilled(sequence_id)
             except KeyError:  # aborted (cancel, newer attempt) since the step
                 continue
         return taken, self.engine.drain_kv_events()
@@ -184,62 +130,11 @@ class PrefillWorker(Worker):
                 )
                 await self.nc.publish(subjects.KV_EVENTS, encode(event))
 
-    async def hand_off(self, request_id: str, new_token_ids: list[int], kv) -> None:
-        request = self.requests[request_id]
-        handoff = await self.store_kv(request, new_token_ids, kv)
-        accepted = await self.offer(handoff)
-        if self.requests.get(request_id) is not request:
+    async def hand_off(self, request: GenerateRequest, new_token_ids: list[int], kv) -> None:
+        """KV to the store, the sequence to a decode worker; only then is the message acked."""
+        accepted = await self.handoffs.send(request, new_token_ids, kv, self.settings.handoff_timeout_s)
+        if not self.ledger.is_current(request):
             return  # cancelled (or replaced by a newer attempt) meanwhile; that settled it
-        if accepted:
-            self.num_handoffs += 1
-        else:
+        if not accepted:
             await self.publish_error(request, "overloaded", "no decode worker took the sequence", retryable=True)
-        self.forget(request_id)
-        await self.settle(request_id)
-
-    async def store_kv(self, request, new_token_ids: list[int], kv) -> Handoff:
-        """Write the sequence's KV blocks; a store that fails means a hand-off without KV (recompute)."""
-        hashes, refs = handoff_blocks(request.all_token_ids, kv.num_tokens, self.settings.block_size, kv.block_hashes)
-        num_kv_tokens = kv.num_tokens
-        try:
-            await self.store.put_blocks(hashes, kv.data)
-        except KvStoreError as exc:
-            self.num_kv_store_failures += 1
-            log.warning("KV of %s not stored (%s): the decode worker will recompute it", request.request_id, exc)
-            refs, num_kv_tokens = [], 0
-        onward = dataclasses.replace(request, output_token_ids=request.output_token_ids + list(new_token_ids))
-        return Handoff(
-            request=onward,
-            prefill_worker_id=self.worker_id,
-            kv_namespace=self.namespace,
-            kv_blocks=refs,
-            num_kv_tokens=num_kv_tokens,
-        )
-
-    async def offer(self, handoff: Handoff) -> bool:
-        """Ask the decode-balancers until one accepts, the request is cancelled, or time is up."""
-        request_id = handoff.request.request_id
-        deadline = time.monotonic() + self.settings.handoff_timeout_s
-        delay_s = 0.05
-        while True:
-            reason = await self._offer_once(handoff)
-            if not reason:
-                return True
-            if request_id in self.cancelled or time.monotonic() + delay_s > deadline:
-                log.warning("hand-off of %s not accepted: %s", request_id, reason)
-                return False
-            await asyncio.sleep(delay_s)
-            delay_s = min(delay_s * 2, MAX_RETRY_DELAY_S)
-
-    async def _offer_once(self, handoff: Handoff) -> str:
-        """'' when accepted, else why not."""
-        try:
-            reply = await self.nc.request(subjects.HANDOFF, encode(handoff), timeout=HANDOFF_REQUEST_TIMEOUT_S)
-            answer = decode(reply.data)
-        except (NatsTimeout, NoRespondersError, asyncio.TimeoutError):
-            return "no decode-balancer answered"
-        except ProtocolError as exc:
-            return f"unreadable reply: {exc}"
-        if isinstance(answer, HandoffReply):
-            return "" if answer.accepted else answer.reason or "rejected"
-        return f"{getattr(answer, 'code', '?')}: {getattr(answer, 'message', answer)}"
+        await self.apply(self.ledger.done(request))

@@ -3,7 +3,9 @@
 Reads `ferry.work.<role>.<id>` (JetStream FERRY_WORK, durable pull consumer `<role>-<id>`) and
 `ferry.cancel`; writes `ferry.out.<gateway>` (token events, one OutputBatch per gateway per
 step), `ferry.load.<role>.<id>` (every FERRY_LOAD_INTERVAL_S) and, for prefill, `ferry.handoff`
-(request/reply). KV blocks travel through Redis (`ferry.kvstore`), never over NATS.
+(request/reply; a decode worker too, for what it hands on at shutdown). KV blocks travel through
+Redis (`ferry.kvstore`), never over NATS. The durable consumer is created before the model loads,
+so an autoscaler counting the consumer's pending messages never sees a replica without one.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 from ferry.bus import connect, ensure_work_stream, run_service
 from ferry.kvstore import KvStore, RedisTransport
 from ferry.metrics import start_metrics_server
-from ferry_services.worker.base import Worker
+from ferry_services.worker.base import Worker, open_work_consumer
 from ferry_services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,9 @@ async def serve(settings: WorkerSettings) -> int:
     """Run one worker until SIGTERM/SIGINT; the exit status."""
     if not settings.model:
         raise SystemExit("ferry worker: FERRY_MODEL must name a checkpoint folder")
+    nc = await connect(settings.nats_url, f"worker-{settings.worker_id}")
+    await ensure_work_stream(nc.jetstream(), replicas=settings.work_replicas)
+    consumer = await open_work_consumer(nc.jetstream(), settings)  # before the (slow) model load
     engine = await asyncio.to_thread(build_engine, settings)
     log.info(
         "%s worker %s: model %s (%s), %d KV blocks",
@@ -60,11 +65,9 @@ async def serve(settings: WorkerSettings) -> int:
         engine.kv_namespace,
         engine.stats().kv_blocks_total,
     )
-    nc = await connect(settings.nats_url, f"worker-{settings.worker_id}")
-    await ensure_work_stream(nc.jetstream(), replicas=settings.work_replicas)
     transport = RedisTransport(settings.redis_url)
     worker = make_worker(nc, settings, engine, KvStore(transport, engine.kv_namespace))
-    await worker.start()
+    await worker.start(consumer)
     start_metrics_server(settings.metrics_port)
     try:
         return await run_service(nc, worker.service, background=worker.background(), on_shutdown=worker.shutdown)

@@ -35,6 +35,13 @@ class WorkerSettings(ServiceSettings):
         default=60.0, gt=0, description="prefill: how long to retry a hand-off nobody takes"
     )
     ack_wait_s: float = Field(default=30.0, gt=0, description="JetStream lease of a pulled message")
+    shutdown_grace_s: float = Field(
+        default=20.0,
+        ge=0,
+        description="on SIGTERM, how long running requests get to finish before they are handed on "
+        "(decode) or given back to the gateway to resubmit (prefill); keep it a few seconds under the orchestrator's "
+        "stop grace period (compose stop_grace_period, k8s terminationGracePeriodSeconds)",
+    )
 
     @property
     def model_name(self) -> str:

@@ -118,9 +118,9 @@ class FaultSystem:
             server.stop()
 
 
-@pytest.fixture(scope="module")
-def fault_system(e2e_model, tmp_path_factory) -> FaultSystem:
-    run_dir = tmp_path_factory.mktemp("faults")
+def launch(model_dir: Path, run_dir: Path, env: dict[str, str]) -> FaultSystem:
+    """2 prefill + 2 decode workers, both balancers, kvcache and the gateway, one process each (as
+    `ferry up` plans them, with `env` added), on their own nats-server and redis-server."""
     nats = start_nats(store_dir=run_dir / "nats")
     redis = start_redis()
     port = free_port()
@@ -129,7 +129,7 @@ def fault_system(e2e_model, tmp_path_factory) -> FaultSystem:
     args = parser.parse_args(
         [
             "--model",
-            str(e2e_model),
+            str(model_dir),
             "--prefill-workers",
             "2",
             "--decode-workers",
@@ -143,21 +143,27 @@ def fault_system(e2e_model, tmp_path_factory) -> FaultSystem:
         ]
     )
     try:
-        specs = plan_services(args, e2e_model, nats.url, redis.url)
+        specs = plan_services(args, model_dir, nats.url, redis.url)
     except Exception:
         redis.stop()
         nats.stop()
         raise
     children = {}
     for spec in specs:
-        spec.env.update(ENV)
+        spec.env.update(env)
         children[spec.name] = spawn(spec, run_dir)
-    system = FaultSystem(children, f"http://127.0.0.1:{port}", e2e_model.name, run_dir, [redis, nats])
+    system = FaultSystem(children, f"http://127.0.0.1:{port}", model_dir.name, run_dir, [redis, nats])
     problem = wait_ready(list(children.values()), system.base_url, 240)
     if problem:
         logs = "".join(f"\n--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(run_dir.glob("*.log")))
         system.stop()
         raise RuntimeError(f"system not ready: {problem}{logs}")
+    return system
+
+
+@pytest.fixture(scope="module")
+def fault_system(e2e_model, tmp_path_factory) -> FaultSystem:
+    system = launch(e2e_model, tmp_path_factory.mktemp("faults"), ENV)
     yield system
     system.stop()
 
@@ -208,11 +214,16 @@ async def stream_one(
         outcome.error = repr(exc)
 
 
-async def run_load(system: FaultSystem, fault=None, when_chunks: int = 0) -> list[Outcome]:
+async def run_load(
+    system: FaultSystem, fault=None, when_chunks: int = 0, max_tokens: int = MAX_TOKENS
+) -> list[Outcome]:
     """Stream every prompt at once; when each has `when_chunks` chunks (or at once), call `fault`."""
     outcomes = [Outcome() for _ in PROMPTS]
     async with httpx.AsyncClient(base_url=system.base_url, timeout=STREAM_TIMEOUT_S) as client:
-        tasks = [asyncio.create_task(stream_one(client, system.model_name, p, o)) for p, o in zip(PROMPTS, outcomes)]
+        tasks = [
+            asyncio.create_task(stream_one(client, system.model_name, p, o, max_tokens))
+            for p, o in zip(PROMPTS, outcomes)
+        ]
         if fault is not None:
             deadline = time.monotonic() + 30
             while min(o.num_chunks for o in outcomes) < when_chunks and time.monotonic() < deadline:
@@ -246,7 +257,7 @@ HEADER = f"{'fault':<34} {'sent':>5} {'completed':>9} {'lost':>5} {'dup tokens':
 
 def score(fault: str, outcomes: list[Outcome], baseline: list[Outcome], migrated: int) -> Row:
     done = [o for o in outcomes if not o.error and o.finish_reason == "length"]
-    duplicated = sum(max(0, o.num_tokens - MAX_TOKENS) for o in outcomes)
+    duplicated = sum(max(0, o.num_tokens - b.num_tokens) for o, b in zip(outcomes, baseline))
     wrong = sum(1 for o, b in zip(outcomes, baseline) if not o.error and o.text != b.text)
     return Row(fault, len(outcomes), len(done), len(outcomes) - len(done), duplicated, wrong, migrated)
 

@@ -102,7 +102,7 @@ async def test_a_newer_attempt_replaces_the_older_copy_and_continues_exactly(sys
     assert so_far + client.tokens("mig", 1) == full
     assert not client.finished("mig", 0)  # the older copy was dropped when the newer one arrived
     decode_worker = system.workers["decode-t"]
-    assert decode_worker.requests == {} and decode_worker.compute.stats.kv_blocks_used == 0
+    assert len(decode_worker.ledger) == 0 and decode_worker.compute.stats.kv_blocks_used == 0
 
 
 async def test_cancel_below_attempt_spares_the_current_attempt(system, client, nc):
@@ -119,7 +119,7 @@ async def test_cancel_below_attempt_spares_the_current_attempt(system, client, n
     assert len(client.tokens("mig", 1)) <= 1 and not client.finished("mig", 1)
     await nc.publish(subjects.CANCEL, encode(Cancel(["mig"], "done")))  # every attempt
     await asyncio.sleep(0.5)
-    assert all(not w.requests for w in system.workers.values())
+    assert all(len(w.ledger) == 0 for w in system.workers.values())
 
 
 async def full_run(system, client, nc) -> list[int]:
@@ -150,9 +150,9 @@ async def test_a_cancel_that_races_the_admission_leaves_nothing_in_the_engine(sy
         assert (await client.submit(request(0, sampling=GREEDY_SHORT))).accepted
         await asyncio.wait_for(reached.wait(), 10)
         await nc.publish(subjects.CANCEL, encode(Cancel(["mig"], "migrated", below_attempt=1)))
-        await until(lambda: "mig" not in worker.requests, 10)
+        await until(lambda: "mig" not in worker.ledger, 10)
         gate.set()
-        await until(lambda: not worker.held, 10)
+        await until(lambda: not worker.ledger.handles(), 10)
         await asyncio.sleep(0.3)  # a leftover would be stepped (and hold blocks) by now
     finally:
         setattr(worker, where, original)

@@ -59,12 +59,15 @@ def reference(tiny_model):
 
 
 class System:
-    """Both balancers and one worker per role, each on its own NATS connection."""
+    """Both balancers and one worker per role, each on its own NATS connection; `worker_overrides`
+    are WorkerSettings fields for every worker."""
 
-    def __init__(self, nats_url: str, redis_url: str, model) -> None:
+    def __init__(self, nats_url: str, redis_url: str, model, **worker_overrides) -> None:
         self.nats_url, self.redis_url, self.model = nats_url, redis_url, model
+        self.worker_overrides = worker_overrides
         self.conns, self.tasks, self.stoppers = [], [], []
         self.workers = {}
+        self.worker_tasks: dict[str, list[asyncio.Task]] = {}
 
     async def start(self) -> None:
         for cls, settings in (
@@ -80,15 +83,9 @@ class System:
             await self.start_worker(role, f"{role}-t")
 
     async def start_worker(self, role: str, worker_id: str, **overrides):
+        fields = {"num_kv_blocks": 64, "max_running": 8, "load_interval_s": 0.2, **self.worker_overrides, **overrides}
         settings = WorkerSettings(
-            role=role,
-            model=str(self.model),
-            worker_id=worker_id,
-            num_kv_blocks=64,
-            max_running=8,
-            load_interval_s=0.2,
-            redis_url=self.redis_url,
-            **overrides,
+            role=role, model=str(self.model), worker_id=worker_id, redis_url=self.redis_url, **fields
         )
         engine = await asyncio.to_thread(build_engine, settings)
         nc = await self._connect()
@@ -96,10 +93,21 @@ class System:
         worker = make_worker(nc, settings, engine, KvStore(transport, engine.kv_namespace))
         await worker.start()
         await worker.service.start(nc)
-        self.tasks += [asyncio.create_task(c) for c in worker.background()]
+        self.worker_tasks[worker_id] = [asyncio.create_task(c) for c in worker.background()]
+        self.tasks += self.worker_tasks[worker_id]
         self.stoppers.append(transport.close)
         self.workers[worker_id] = worker
         return worker
+
+    async def stop_worker(self, worker_id: str) -> None:
+        """What SIGTERM does to a worker process (ferry.bus.run_service): stop its subscriptions,
+        `shutdown` (drain), then end its loops; it falls silent to the balancers."""
+        worker = self.workers[worker_id]
+        await worker.service.stop()
+        await worker.shutdown()
+        for task in self.worker_tasks[worker_id]:
+            task.cancel()
+        await asyncio.gather(*self.worker_tasks[worker_id], return_exceptions=True)
 
     async def _connect(self):
         nc = await connect(self.nats_url, "ferry-test-system")
@@ -185,7 +193,7 @@ async def test_greedy_output_through_both_workers_equals_the_engine_in_process(s
     assert all(seen == {"prefill-t", "decode-t"} for seen in client.workers_seen.values())
     decode_worker = system.workers["decode-t"]
     assert (decode_worker.num_transferred, decode_worker.num_recomputed) == (len(PROMPTS), 0)
-    assert system.workers["prefill-t"].num_handoffs == len(PROMPTS)
+    assert system.workers["prefill-t"].handoffs.num_accepted == len(PROMPTS)
 
 
 async def test_missing_kv_blocks_are_recomputed_counted_and_still_exact(system, client, reference, redis):
@@ -201,7 +209,8 @@ async def test_missing_kv_blocks_are_recomputed_counted_and_still_exact(system, 
             await prefill_store.put_blocks(hashes, data)
             await redis.flushdb()
 
-    prefill_store, prefill.store = prefill.store, Forgetful()
+    prefill_store = prefill.store
+    prefill.store = prefill.handoffs.store = Forgetful()  # prefix lookups and hand-off writes
     await client.submit("r2", PROMPTS[2])
     await client.wait_finished(["r2"])
     assert client.tokens["r2"] == reference["r2"]
@@ -220,10 +229,10 @@ async def test_cancel_mid_stream_frees_blocks_on_every_worker(system, client):
     assert decode_worker.compute.stats.kv_blocks_used > 0
     await client.nc.publish(subjects.CANCEL, encode(Cancel(["long"])))
     for _ in range(200):
-        if all(w.compute.stats.kv_blocks_used == 0 and not w.requests for w in system.workers.values()):
+        if all(w.compute.stats.kv_blocks_used == 0 and not len(w.ledger) for w in system.workers.values()):
             break
         await asyncio.sleep(0.05)
-    assert [(w.worker_id, w.compute.stats.kv_blocks_used, len(w.requests)) for w in system.workers.values()] == [
+    assert [(w.worker_id, w.compute.stats.kv_blocks_used, len(w.ledger)) for w in system.workers.values()] == [
         ("prefill-t", 0, 0),
         ("decode-t", 0, 0),
     ]

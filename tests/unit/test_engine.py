@@ -172,6 +172,36 @@ def test_prefill_role_hands_kv_to_a_decode_engine(lm):
     assert decode.stats().num_computed_tokens == len(expected) - 1
 
 
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_a_running_request_taken_out_continues_exactly_in_another_engine(lm, prefix_caching):
+    """A decode worker that shuts down moves its sequences: KV + tokens so far out of one engine,
+    into another, and the rest of the tokens equal a run that never moved."""
+    prompts = random_prompts(2, 37, 37, seed=11)
+    expected = tokens(run_all(engine(lm), prompts))
+    source = engine(lm, role="decode", enable_prefix_caching=prefix_caching)
+    source.add_request("r0", prompts[0], GREEDY)
+    streamed = []
+    while len(streamed) < 4:
+        streamed += [t for out in source.step() if out.request_id == "r0" for t in out.new_token_ids]
+    source.add_request("r1", prompts[1], GREEDY)  # waiting: nothing computed yet
+    kv, outputs = source.take_running("r0")
+    assert outputs == streamed and kv.num_tokens == len(prompts[0]) + len(streamed) - 1
+    assert len(kv.block_hashes) == kv.num_tokens // 16
+    waiting_kv, waiting_outputs = source.take_running("r1")
+    assert (waiting_kv.num_tokens, waiting_outputs, waiting_kv.data.shape[0]) == (0, [], 0)
+    assert source.stats().kv_blocks_used == 0 and not source.has_unfinished_requests()
+    with pytest.raises(KeyError):
+        source.take_running("r0")
+    target = engine(lm, role="decode")
+    target.add_prefilled("r0", prompts[0], outputs, GREEDY, kv.data, kv.num_tokens)
+    rest = []
+    while target.has_unfinished_requests():
+        for out in target.step():
+            assert out.index == len(streamed) + len(rest)
+            rest += out.new_token_ids
+    assert streamed + rest == expected[0]
+
+
 def handed_off_text(lm, prompt, sampling, num_streamed: int) -> str | None:
     """Text of a request as a client sees it when its first `num_streamed` tokens came from another
     engine (1: the prefill worker's hand-off; more: a migration): what the earlier holder streamed,

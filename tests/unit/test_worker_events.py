@@ -4,11 +4,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from ferry.protocol import hash_block, hash_full_blocks
+from ferry.protocol import GenerateRequest, SamplingParams, hash_block, hash_full_blocks
 from ferry_services.worker.events import PARTIAL_BLOCK_KEY, batch_by_gateway, handoff_blocks
 from ferry_services.worker.recent import RecentIds
 
 pytestmark = pytest.mark.unit
+
+
+def request(request_id: str, gateway_id: str, attempt: int = 0) -> GenerateRequest:
+    return GenerateRequest(request_id, gateway_id, "m", [1, 2, 3], SamplingParams(), attempt=attempt)
 
 
 @dataclass
@@ -23,12 +27,18 @@ class Out:
 
 
 def test_one_batch_per_gateway_per_step_and_untracked_requests_dropped():
-    outputs = [Out("a", 0, [5], "x"), Out("b", 2, [6]), Out("c", 1, [7], finish_reason="length"), Out("gone", 0, [1])]
-    batches = batch_by_gateway(outputs, {"a": "g1", "b": "g2", "c": "g1"}, "w1")
+    outputs = [
+        Out("a@0", 0, [5], "x"),
+        Out("b@0", 2, [6]),
+        Out("c@2", 1, [7], finish_reason="length"),
+        Out("gone@0", 0, [1]),
+    ]
+    held = {f"{r.request_id}@{r.attempt}": r for r in (request("a", "g1"), request("b", "g2"), request("c", "g1", 2))}
+    batches = batch_by_gateway(outputs, held.get, "w1")
     assert sorted(batches) == ["g1", "g2"]
-    assert [(e.request_id, e.index, e.token_ids, e.text) for e in batches["g1"].tokens] == [
-        ("a", 0, [5], "x"),
-        ("c", 1, [7], ""),
+    assert [(e.request_id, e.attempt, e.index, e.token_ids, e.text) for e in batches["g1"].tokens] == [
+        ("a", 0, 0, [5], "x"),
+        ("c", 2, 1, [7], ""),
     ]
     assert batches["g1"].tokens[1].finish_reason == "length"
     assert batches["g2"].worker_id == "w1" and batches["g2"].tokens[0].num_prompt_tokens == 3

@@ -21,7 +21,7 @@ from ferry.engine.sampler import sample
 from ferry.engine.scheduler import ScheduledBatch, Scheduler
 from ferry.engine.sequence import Sequence
 from ferry.model import LoadedModel, load_model
-from ferry.protocol import SamplingParams
+from ferry.protocol import SamplingParams, hash_full_blocks
 
 
 class LLMEngine:
@@ -130,12 +130,24 @@ class LLMEngine:
     # ---- disaggregated prefill / decode ------------------------------------------------------
     def take_prefilled(self, request_id: str) -> PrefilledKV:
         """The KV of a prefill-role request after its first token; its blocks are released."""
-        state = self._pinned.pop(request_id)
-        seq = state.seq
+        return self._copy_out(self._pinned.pop(request_id).seq)
+
+    def take_running(self, request_id: str) -> tuple[PrefilledKV, list[int]]:
+        """Take an unfinished request out to continue in another engine (its worker shuts down):
+        the KV of its computed tokens and every output token so far; its blocks are released.
+        KeyError if it is not here (finished, aborted, never added)."""
+        seq = self._requests.pop(request_id).seq
+        self.scheduler.detach(seq)
+        return self._copy_out(seq), list(seq.output_token_ids)
+
+    def _copy_out(self, seq: Sequence) -> PrefilledKV:
+        """A CPU copy of the KV of `seq`'s computed tokens, then its blocks freed."""
         num_tokens = seq.num_computed_tokens
         block_ids = seq.block_ids[: self.block_manager.blocks_for(num_tokens)]
         data = self.runner.kv.read_blocks(block_ids)
         hashes = seq.block_hashes[: num_tokens // self.config.block_size]
+        if len(hashes) < num_tokens // self.config.block_size:  # not kept without prefix caching
+            hashes = hash_full_blocks(seq.token_ids[:num_tokens], self.config.block_size)
         self.block_manager.free(seq)
         return PrefilledKV(block_ids, hashes, num_tokens, data)
 

@@ -1,0 +1,85 @@
+"""Offering a hand-off (`HandoffSender.offer`) over a real nats-server, against a scripted
+decode-balancer on `ferry.handoff`: retried with exponential backoff (0.05 s, doubling, at most
+1 s) until accepted, until the request is cancelled, or until the next try would start after the
+timeout."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ferry.protocol import GenerateRequest, Handoff, HandoffReply, SamplingParams, decode, encode, subjects
+from ferry_services.worker.handoff import HandoffSender
+
+pytestmark = pytest.mark.integration
+
+
+class Balancer:
+    """Answers `ferry.handoff`: rejects the first `num_rejects` offers, then accepts."""
+
+    def __init__(self, nc, num_rejects: int) -> None:
+        self.nc, self.num_rejects = nc, num_rejects
+        self.arrivals: list[float] = []
+
+    async def start(self) -> None:
+        await self.nc.subscribe(subjects.HANDOFF, cb=self._on_offer)
+        await self.nc.flush()
+
+    async def _on_offer(self, msg) -> None:
+        handoff = decode(msg.data, Handoff)
+        self.arrivals.append(time.monotonic())
+        accepted = len(self.arrivals) > self.num_rejects
+        reply = HandoffReply(handoff.request.request_id, accepted, reason="" if accepted else "overloaded")
+        await msg.respond(encode(reply))
+
+
+def handoff(request_id: str = "h") -> Handoff:
+    request = GenerateRequest(request_id, "gw", "m", [1, 2, 3], SamplingParams(), output_token_ids=[7])
+    return Handoff(request, "p", "ns", [], 0)
+
+
+def sender(nc, cancelled: frozenset[str] | set[str] = frozenset()) -> HandoffSender:
+    return HandoffSender(nc, store=None, worker_id="p", block_size=16, is_cancelled=cancelled.__contains__)
+
+
+async def test_an_offer_is_retried_with_growing_delays_until_accepted(nc):
+    balancer = Balancer(nc, num_rejects=3)
+    await balancer.start()
+    assert await sender(nc).offer(handoff(), timeout_s=10)
+    assert len(balancer.arrivals) == 4
+    gaps = [b - a for a, b in zip(balancer.arrivals, balancer.arrivals[1:])]
+    for gap, delay_s in zip(gaps, (0.05, 0.1, 0.2)):
+        assert delay_s <= gap < delay_s + 0.5, gaps
+
+
+async def test_an_offer_gives_up_before_a_try_would_start_after_the_timeout(nc):
+    balancer = Balancer(nc, num_rejects=1000)
+    await balancer.start()
+    start = time.monotonic()
+    assert not await sender(nc).offer(handoff(), timeout_s=0.5)
+    # tries at about 0, 0.05, 0.15, 0.35 s; the next (0.4 s later) would start after 0.5 s
+    assert 3 <= len(balancer.arrivals) <= 4 and balancer.arrivals[-1] - start < 0.5
+
+
+async def test_an_offer_stops_once_the_request_is_cancelled(nc):
+    balancer = Balancer(nc, num_rejects=1000)
+    await balancer.start()
+    cancelled: set[str] = set()
+    offers = sender(nc, cancelled)
+    original = offers._offer_once
+
+    async def offer_once(h):
+        if len(balancer.arrivals) == 2:
+            cancelled.add("h")  # the gateway cancels after two refusals
+        return await original(h)
+
+    offers._offer_once = offer_once
+    assert not await offers.offer(handoff(), timeout_s=10)
+    assert len(balancer.arrivals) == 3
+
+
+async def test_with_no_balancer_at_all_the_offer_times_out(nc):
+    start = time.monotonic()
+    assert not await sender(nc).offer(handoff(), timeout_s=0.3)
+    assert time.monotonic() - start < 1.5
