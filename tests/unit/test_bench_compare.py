@@ -1,24 +1,15 @@
-"""ops/bench/compare: the comparison's ratios, issue #9 targets and report (pure, no servers)."""
+"""ferry.bench.compare: the comparison's ratios, issue #9 targets and report (pure, no servers)."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
+from ferry.bench.compare import engines, ratios, render, servers
 
-_DIR = Path(__file__).resolve().parents[2] / "ops" / "bench" / "compare"
-sys.path.insert(0, str(_DIR))  # the harness's modules import each other by plain name, as run.py does
-ratios = importlib.import_module("ratios")
-render = importlib.import_module("render")
-engines = importlib.import_module("engines")
-servers = importlib.import_module("servers")
-sys.path.remove(str(_DIR))
+pytestmark = pytest.mark.unit
 
 POISSON = "poisson-0.5rps"
 
