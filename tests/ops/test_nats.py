@@ -17,7 +17,7 @@ import nats
 import pytest
 from nats.js.api import ConsumerConfig, RetentionPolicy, StreamConfig
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.ops
 
 ROOT = Path(__file__).resolve().parents[2]
 USERS = ("gateway", "prefill_balancer", "decode_balancer", "worker", "kvcache", "admin")

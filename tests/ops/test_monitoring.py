@@ -13,7 +13,7 @@ import yaml
 
 from ferry import metrics
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.ops
 
 ROOT = Path(__file__).resolve().parents[2]
 FERRY_SERVICES = {"gateway", "prefill-balancer", "decode-balancer", "prefill-worker", "decode-worker", "kvcache"}

@@ -22,7 +22,7 @@ import openai
 import pytest
 from ops_secrets import deployment_secrets
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.ops, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

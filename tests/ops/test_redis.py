@@ -15,7 +15,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.ops
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORDS = {"worker": "test-worker-pw", "kvcache": "test-kvcache-pw", "admin": "test-admin-pw"}
