@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -73,7 +73,7 @@ class RunResult:
         return out
 
 
-Turns = Iterator[int]
+Turns = Generator[int, None, "RunResult"]
 """A system under test: each next() does one unit of work and yields how many requests finished
 in it; its return value is the RunResult."""
 
