@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ferry.kernels import resolve_attention
 from ferry.model.causal_lm import CausalLM, make_rotary
 from ferry.model.config import ModelConfig, read_config
 from ferry.model.kv_cache import KV_LAYOUT_VERSION
@@ -59,6 +60,7 @@ def load_model(
     if torch.device(device).type == "cpu":
         model.prepack_cpu_weights()
     model.eval()
+    model.set_attention_backend(resolve_attention(device))  # the engine sets its own (EngineConfig.attention)
     dtype_name = str(torch_dtype).removeprefix("torch.")
     fingerprint = hashlib.sha256(
         f"{config.arch}|{dtype_name}|kv{KV_LAYOUT_VERSION}|{config.config_hash()}|{weights_digest(path)}".encode()
