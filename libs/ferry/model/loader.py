@@ -52,7 +52,8 @@ def load_model(
     tokenizer = Tokenizer.from_dir(path)
     with torch.device("meta"):
         model = CausalLM(config)
-    model = model.to_empty(device=device).to(torch_dtype)
+    # cast on the meta device (free), then allocate: memory is taken once, in the target dtype
+    model = model.to(torch_dtype).to_empty(device=device)
     model.tie_weights()
     model.rotary = make_rotary(config).to(device)  # meta init left the frequencies empty
     load_weights(model, path)
