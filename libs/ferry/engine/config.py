@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ferry.dtypes import DTYPE_NAMES
+
 BATCHING_MODES = ("dynamic", "static")
 ENGINE_ROLES = ("both", "prefill", "decode")
-KV_CACHE_DTYPES = ("float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = DTYPE_NAMES
 ATTENTION_CHOICES = ("auto", "torch", "triton")
 """EngineConfig.attention / FERRY_ATTENTION values; ferry.kernels.backend resolves them for a device."""
 

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import torch
 
+from ferry.dtypes import torch_dtype
 from ferry.kernels import resolve_attention
 from ferry.model.causal_lm import CausalLM, make_rotary
 from ferry.model.config import ModelConfig, read_config
 from ferry.model.kv_cache import KV_LAYOUT_VERSION
 from ferry.model.tokenizer import Tokenizer
 from ferry.model.weights import load_weights, weights_digest
-
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(slots=True)
@@ -80,9 +79,7 @@ def load_model(
 def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype not in TORCH_DTYPES:
-        raise ValueError(f"dtype: unsupported {dtype!r}, expected one of {sorted(TORCH_DTYPES)}")
-    return TORCH_DTYPES[dtype]
+    return torch_dtype(dtype)
 
 
 def _eos_ids(path: Path, config: ModelConfig, tokenizer: Tokenizer) -> list[int]:
