@@ -11,6 +11,7 @@ from ferry.engine.config import EngineConfig
 from ferry.engine.generate_cli import generate
 from ferry.engine.llm_engine import LLMEngine
 from ferry.model.make_model import make_model
+from ferry.parallel.eplb import EplbConfig
 from ferry.parallel.group_generate import generate_on_group
 from ferry.parallel.placement import ExpertPlacement
 from ferry.protocol import SamplingParams
@@ -34,13 +35,22 @@ def reference(checkpoint):
 
 @pytest.mark.parametrize("ep_size", [1, 2, 4])
 def test_greedy_tokens_match_single_process(checkpoint, reference, ep_size):
-    results = generate_on_group(checkpoint, PROMPTS, GREEDY, CONFIG, ep_size)
-    assert [r["token_ids"] for r in results] == reference
+    run = generate_on_group(checkpoint, PROMPTS, GREEDY, CONFIG, ep_size)
+    assert [r["token_ids"] for r in run.results] == reference
     assert all(len(tokens) == GREEDY.max_tokens for tokens in reference)
+    assert [r.num_requests for r in run.ranks] == [len(PROMPTS[r::ep_size]) for r in range(ep_size)]
 
 
 def test_redundant_copies_of_experts_match_too(checkpoint, reference):
     # 8 experts over 2 ranks x 6 slots: experts 0, 1, 4, 5 have a copy on each rank
     placement = ExpertPlacement(8, ((0, 1, 2, 3, 4, 5), (4, 5, 6, 7, 0, 1)))
-    results = generate_on_group(checkpoint, PROMPTS, GREEDY, CONFIG, 2, placement)
-    assert [r["token_ids"] for r in results] == reference
+    run = generate_on_group(checkpoint, PROMPTS, GREEDY, CONFIG, 2, placement)
+    assert [r["token_ids"] for r in run.results] == reference
+
+
+def test_eplb_re_placing_experts_between_steps_changes_no_token(checkpoint, reference):
+    eplb = EplbConfig(every_steps=3, window_steps=4, redundant_slots_per_rank=2)
+    run = generate_on_group(checkpoint, PROMPTS, GREEDY, CONFIG, 2, eplb=eplb)
+    assert [r["token_ids"] for r in run.results] == reference
+    assert all(r.num_rebalances >= 3 for r in run.ranks)
+    assert sum(r.num_experts_loaded for r in run.ranks) > 0  # experts really moved between ranks

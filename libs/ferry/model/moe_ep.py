@@ -42,8 +42,8 @@ class ExpertParallelMoE(nn.Module):
         """Seconds this layer spent blocked in wait() on its all-to-alls."""
         self.expert_tokens = torch.zeros(placement.num_experts, dtype=torch.int64)
         """Tokens routed to each logical expert from this rank since the last reset (for EPLB)."""
-        self.slot_tokens = torch.zeros(placement.slots_per_rank, dtype=torch.int64)
-        """Tokens this rank's slots computed since the last reset (its share of the expert load)."""
+        self.computed_tokens = 0
+        """Tokens this rank's experts computed (its share of the group's expert load)."""
         self.set_placement(placement, [moe.experts[e] for e in placement.slots[rank]])
 
     def set_placement(self, placement: ExpertPlacement, local_experts: list[nn.Module]) -> None:
@@ -55,7 +55,6 @@ class ExpertParallelMoE(nn.Module):
         width = max(len(r) for r in replicas)
         self.num_copies = torch.tensor([len(r) for r in replicas], dtype=torch.int64)  # [E]
         self.copy_table = torch.tensor([r + [r[0]] * (width - len(r)) for r in replicas], dtype=torch.int64)
-        self.slot_tokens = torch.zeros(placement.slots_per_rank, dtype=torch.int64)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden]
         return run_to_end(self.steps(x))
@@ -110,7 +109,7 @@ class ExpertParallelMoE(nn.Module):
         slot_of_row = torch.repeat_interleave(torch.arange(num_slots).repeat(counts.shape[0]), counts.flatten())
         by_slot = slot_of_row.argsort(stable=True)
         per_slot = counts.sum(0)
-        self.slot_tokens += per_slot
+        self.computed_tokens += len(received)
         out = torch.empty_like(received)
         start = 0
         for expert, count in zip(self.experts, per_slot.tolist()):

@@ -17,8 +17,11 @@ import torch.distributed as dist
 
 from ferry.engine.config import EngineConfig
 from ferry.engine.llm_engine import LLMEngine
+from ferry.engine.outputs import RequestOutput
 from ferry.model import load_model
+from ferry.parallel.eplb import EplbConfig
 from ferry.parallel.placement import ExpertPlacement
+from ferry.parallel.rebalance import Rebalancer, initial_placement
 from ferry.parallel.shard import shard_experts
 
 
@@ -54,20 +57,42 @@ def init_group(address: GroupAddress, rank: int, world_size: int, timeout_s: flo
 
 
 def load_rank_engine(
-    path: str | Path, config: EngineConfig, rank: int, ep_size: int, placement: ExpertPlacement | None = None
+    path: str | Path,
+    config: EngineConfig,
+    rank: int,
+    ep_size: int,
+    placement: ExpertPlacement | None = None,
+    eplb: EplbConfig | None = None,
 ) -> LLMEngine:
-    """This rank's engine: the model with only its routed experts, its own KV pool and scheduler."""
+    """This rank's engine: the model with only its routed experts, its own KV pool and scheduler.
+    placement: default contiguous, or with eplb its initial placement (spare slots as copies)."""
     lm = load_model(path, device=config.device, dtype=config.dtype)
-    shard_experts(lm, placement or ExpertPlacement.contiguous(lm.config.n_routed_experts, ep_size), rank)
+    cfg = lm.config
+    if placement is None:
+        placement = (
+            initial_placement(cfg.n_routed_experts, cfg.n_group, ep_size, eplb)
+            if eplb
+            else ExpertPlacement.contiguous(cfg.n_routed_experts, ep_size)
+        )
+    shard_experts(lm, placement, rank)
     return LLMEngine(lm, config)
 
 
 class LockstepEngine:
     """An LLMEngine whose has_unfinished_requests() asks the whole group: a rank keeps stepping
-    (idle) while any rank still has requests, so every rank's collectives meet."""
+    (idle) while any rank still has requests, so every rank's collectives meet. With a rebalancer,
+    experts are re-placed between steps."""
 
-    def __init__(self, engine: LLMEngine, group: dist.ProcessGroup | None = None) -> None:
-        self.engine, self.group = engine, group
+    def __init__(
+        self, engine: LLMEngine, group: dist.ProcessGroup | None = None, rebalancer: Rebalancer | None = None
+    ) -> None:
+        self.engine, self.group, self.rebalancer = engine, group, rebalancer
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self.engine.step()
+        if self.rebalancer is not None:
+            self.rebalancer.after_step()
+        return outputs
 
     def has_unfinished_requests(self) -> bool:
         busy = torch.tensor([int(self.engine.has_unfinished_requests())])

@@ -37,12 +37,14 @@ def expert_parallel_layers(lm: LoadedModel) -> list[tuple[int, ExpertParallelMoE
     return [(i, layer.mlp) for i, layer in enumerate(lm.model.model.layers) if isinstance(layer.mlp, ExpertParallelMoE)]
 
 
-def apply_placement(lm: LoadedModel, placement: ExpertPlacement, rank: int) -> int:
-    """Between steps: every EP layer takes the new placement; experts this rank newly holds are read
+def apply_placements(lm: LoadedModel, placements: list[ExpertPlacement], rank: int) -> int:
+    """Between steps: each EP layer takes its new placement; experts this rank newly holds are read
     from the checkpoint, those it keeps are reused. -> experts loaded."""
     locations = tensor_locations(lm.path)
     loaded = 0
-    for index, layer in expert_parallel_layers(lm):
+    layers = expert_parallel_layers(lm)
+    assert len(placements) == len(layers)
+    for (index, layer), placement in zip(layers, placements):
         have = dict(zip(layer.placement.slots[rank], layer.experts))
         local = []
         for expert in placement.slots[rank]:
