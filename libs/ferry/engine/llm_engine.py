@@ -89,6 +89,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if batch.is_empty:
+            self.runner.idle()  # an expert-parallel rank still joins its group's all-to-alls
             return []
         logits = self.runner.run(batch)  # [B, vocab]
         self.scheduler.update(batch)
