@@ -263,6 +263,9 @@ class LoadReport:
     """Work messages queued for this worker in JetStream and not pulled yet (its consumer's pending
     count): a worker pulls only what fits its budget, so without this a balancer sees a full
     worker's queue only until the next report and never finds every worker full ('overloaded')."""
+    decodes: bool = False
+    """A prefill worker that also decodes what it prefilled (`FERRY_ROLE=both`): no hand-off leaves
+    it, and the gateway counts it as a decode worker too."""
 
     def __post_init__(self) -> None:
         _require(self.role in ROLES, "role", self.role, f"must be one of {ROLES}")
