@@ -11,7 +11,11 @@ from ferry.settings import ServiceSettings, default_instance_id
 
 
 class WorkerSettings(ServiceSettings):
-    role: str = Field(default="prefill", pattern=r"^(prefill|decode)$", description="prefill or decode")
+    role: str = Field(
+        default="prefill",
+        pattern=r"^(prefill|decode|both)$",
+        description="prefill, decode, or both: prefill work decoded by the same worker (no hand-off)",
+    )
     model: str = Field(default="", description="checkpoint folder (config.json + safetensors + tokenizer)")
     served_model_name: str = Field(default="", description="model name clients use; default: folder name")
     worker_id: str = Field(
@@ -47,6 +51,11 @@ class WorkerSettings(ServiceSettings):
     @classmethod
     def _kv_cache_dtype(cls, value: str) -> str:
         return value and check_dtype_name(value, "kv_cache_dtype")
+
+    @property
+    def work_role(self) -> str:
+        """The role whose work subjects, consumer and load reports this worker uses ('both' pulls prefill work)."""
+        return "prefill" if self.role == "both" else self.role
 
     @property
     def model_name(self) -> str:
