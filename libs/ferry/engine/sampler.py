@@ -156,7 +156,7 @@ def _exponential_noise(
     if seeded:  # drawn on the host row by row, then copied to the device together
         own = torch.empty(len(seeded), probs.shape[-1], dtype=probs.dtype)
         for row, i in enumerate(seeded):
-            seed = _mix_seed(requests[i].sampling.seed, requests[i].num_output_tokens)
+            seed = _mix_seed(requests[i].sampling.seed or 0, requests[i].num_output_tokens)  # not None: seeded
             own[row].exponential_(generator=torch.Generator().manual_seed(seed))
         index = torch.tensor(seeded, dtype=torch.int64).to(probs.device, non_blocking=True)
         noise.index_copy_(0, index, own.to(probs.device, non_blocking=True))

@@ -86,7 +86,7 @@ class CausalLM(nn.Module):
         if backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention backend: {backend!r}, expected one of {ATTENTION_BACKENDS}")
         for layer in self.model.layers:
-            layer.self_attn.backend = backend
+            layer.self_attn.backend = backend  # type: ignore[union-attr]  # a DecoderLayer's attention module
         self.attention_backend = backend
 
     def fuse_projections(self) -> None:
