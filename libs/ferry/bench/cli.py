@@ -58,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--kv-budget-max-num-seqs", type=int, default=128, help="default %(default)s")
     o.add_argument("--online-requests", type=int, default=64)
     o.add_argument("--threads", type=int, default=2, help="torch threads (default %(default)s)")
+    o.add_argument("--device", default="cpu", help="engine device: cpu, cuda, cuda:N (default %(default)s)")
     from ferry.bench.online import add_url_arguments
 
     add_url_arguments(parser)  # adds --url and its options
@@ -123,6 +124,7 @@ def _run_offline(args: argparse.Namespace, workload, out: Path) -> int:
         kv_budget_tokens=args.kv_budget_tokens,
         kv_budget_max_num_seqs=args.kv_budget_max_num_seqs,
         show_progress=not args.no_progress,
+        device=args.device,
     )
     report = run_offline(cfg)
     summary = {
