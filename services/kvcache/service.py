@@ -208,6 +208,7 @@ class KvCache:
                 where="store",
                 block_hashes=change.block_hashes,
                 timestamp=now,
+                tier="remote",
             )
             try:
                 await self._publish(event)

@@ -24,7 +24,7 @@ from ferry_services.prefill_balancer.policy import (
     choose_prefill_worker,
     next_mean_prompt_tokens,
 )
-from ferry_services.prefill_balancer.prefix_index import PrefixIndex
+from ferry_services.prefill_balancer.prefix_index import PrefixIndex, PrefixIndexConfig
 from ferry_services.prefill_balancer.settings import PrefillBalancerSettings
 
 log = logging.getLogger(__name__)
@@ -44,13 +44,19 @@ class PrefillBalancer(Balancer[PrefillWork]):
             retry_after_s=settings.retry_after_s,
         )
         self.mean_prompt_tokens = 0.0
-        self.prefixes = PrefixIndex()
+        self.prefixes = PrefixIndex(
+            PrefixIndexConfig(
+                device_weight=settings.device_tier_weight,
+                host_weight=settings.host_tier_weight,
+                remote_weight=settings.remote_tier_weight,
+            )
+        )
         self.service.endpoint(subjects.SUBMIT, SubmitRequest, self.submit, queue=subjects.SUBMIT_QUEUE, name="submit")
         self.service.subscribe(subjects.KV_EVENTS, KvEvent, self.on_kv_event, name="kv_events")
 
     async def on_kv_event(self, event: KvEvent) -> None:
         """A pool's or the store's blocks changed (bad events are counted and logged by the service)."""
-        self.prefixes.apply(event.kind, event.kv_namespace, event.where, event.block_hashes)
+        self.prefixes.apply(event.kind, event.kv_namespace, event.where, event.block_hashes, event.tier)
 
     def choose(self, token_ids: list[int], model: str) -> PrefillChoice:
         states = self.runtime.view.routable(time.monotonic(), model)

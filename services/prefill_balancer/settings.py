@@ -11,3 +11,12 @@ class PrefillBalancerSettings(BalancerSettings):
     )
     attention_weight: float = Field(default=1.0 / 2048, ge=0, description="token-equivalents per causal query-key pair")
     retry_after_s: float = Field(default=1.0, gt=0, description="what an 'overloaded' reply asks clients to wait")
+    device_tier_weight: float = Field(
+        default=1.0, ge=0, le=1, description="routing credit of a prompt block in a worker's KV pool"
+    )
+    host_tier_weight: float = Field(
+        default=0.75, ge=0, le=1, description="routing credit of a prompt block in a worker's host memory tier"
+    )
+    remote_tier_weight: float = Field(
+        default=0.25, ge=0, le=1, description="routing credit of a prompt block only in the shared KV store"
+    )

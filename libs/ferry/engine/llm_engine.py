@@ -14,6 +14,8 @@ import torch
 
 from ferry.engine.block_manager import BlockManager
 from ferry.engine.config import EngineConfig
+from ferry.engine.host_cache import HostBlockCache
+from ferry.engine.host_tier import HostTier
 from ferry.engine.outputs import EngineStats, PrefilledKV, RequestOutput
 from ferry.engine.request_state import RequestState
 from ferry.engine.runner import ModelRunner
@@ -37,6 +39,11 @@ class LLMEngine:
             config.max_num_batched_tokens,
             static_batching=config.batching == "static",
         )
+        self.host: HostTier | None = None
+        """Blocks evicted from the pool, kept in host memory (config.host_cache_blocks > 0)."""
+        if config.host_cache_blocks:
+            cache = HostBlockCache(config.host_cache_blocks, pin_memory=config.device.startswith("cuda"))
+            self.host = HostTier(cache, self.block_manager, self.runner.kv)
         self.max_model_len = lm.config.max_position_embeddings
         self.generator = torch.Generator().manual_seed(config.seed)
         self._requests: dict[str, RequestState] = {}
@@ -71,6 +78,8 @@ class LLMEngine:
         arrival_time: float | None = None,
     ) -> None:
         state = self._new_state(request_id, prompt_token_ids, output_token_ids, sampling, arrival_time)
+        if self.host is not None:
+            self.host.promote(state.seq.token_ids)
         self._requests[request_id] = state
         self.scheduler.add(state.seq)
 
@@ -88,6 +97,8 @@ class LLMEngine:
     # ---- one step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
+        if self.host is not None:
+            self.host.flush()  # blocks evicted for this batch, before the step overwrites them
         if batch.is_empty:
             return []
         logits = self.runner.run(batch)  # [B, vocab]
@@ -182,6 +193,8 @@ class LLMEngine:
             raise ValueError(f"kv_data: {kv_data.shape[0]} blocks, {num_kv_tokens} tokens need {num_kv_blocks}")
         if not self.block_manager.allocate(seq):
             raise RuntimeError(f"{request_id}: no room for {seq.num_tokens} tokens (check can_admit first)")
+        if self.host is not None:
+            self.host.flush()
         self.runner.kv.write_blocks(seq.block_ids[:num_kv_blocks], kv_data)
         seq.num_computed_tokens = num_kv_tokens
         if count_as_cached:
@@ -192,11 +205,26 @@ class LLMEngine:
         self.scheduler.add_running(seq)
 
     def num_cached_blocks(self, block_hashes: list[bytes]) -> int:
-        """How many leading blocks of this chained-hash list are computed in the pool now."""
-        return self.block_manager.num_leading_cached(block_hashes)
+        """How many leading blocks of this chained-hash list are here now, in the pool or the host tier."""
+        return sum(self.cached_tiers(block_hashes))
+
+    def cached_tiers(self, block_hashes: list[bytes]) -> tuple[int, int]:
+        """(device, host): the leading blocks computed in the pool, then the next ones in host memory."""
+        num_device = self.block_manager.num_leading_cached(block_hashes)
+        num_host = self.host.num_leading(block_hashes, num_device) if self.host is not None else 0
+        return num_device, num_host
 
     def drain_kv_events(self) -> tuple[list[bytes], list[bytes]]:
+        """(stored, removed) block hashes of the device pool since the last call."""
         return self.block_manager.drain_events()
+
+    def drain_host_events(self) -> tuple[list[bytes], list[bytes]]:
+        """(stored, removed) block hashes of the host tier since the last call."""
+        return self.host.cache.drain_events() if self.host is not None else ([], [])
+
+    def prefetch_to_host(self, block_hashes: list[bytes], data: torch.Tensor) -> int:
+        """Keep fetched blocks ([n, *block_shape]) in the host tier; how many were new (HostTier.keep)."""
+        return self.host.keep(block_hashes, data) if self.host is not None else 0
 
     # ---- introspection -----------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -214,6 +242,8 @@ class LLMEngine:
             num_generated_tokens=self._num_generated,
             num_pinned=len(self._pinned),
             mean_batch_size=self._num_scheduled / max(self._num_steps, 1),
+            num_host_blocks=len(self.host.cache) if self.host is not None else 0,
+            num_host_hit_blocks=self.host.cache.num_hits if self.host is not None else 0,
         )
 
     # ---- internals ---------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from ferry.protocol.codec import (
 )
 from ferry.protocol.messages import (
     FINISH_REASONS,
+    KV_TIERS,
     ROLES,
     BlockRef,
     Cancel,
@@ -38,6 +39,7 @@ from ferry.protocol.messages import (
 __all__ = [
     "FINISH_REASONS",
     "HASH_BYTES",
+    "KV_TIERS",
     "MAX_MESSAGE_BYTES",
     "PROTOCOL_VERSION",
     "ROLES",

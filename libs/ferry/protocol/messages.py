@@ -276,6 +276,10 @@ class LoadReport:
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 1.0
 
 
+KV_TIERS = ("device", "host", "remote")
+"""Where a KV block can be, fastest first: a worker's pool, its host memory, the shared store."""
+
+
 @message("kv_event")
 @dataclass(slots=True)
 class KvEvent:
@@ -288,11 +292,15 @@ class KvEvent:
     """'store' for the shared Redis store, else the worker id whose pool changed."""
     block_hashes: list[bytes] = field(default_factory=list)
     timestamp: float = 0.0
+    tier: str = "device"
+    """Which memory of `where`: 'device' (a worker's KV pool), 'host' (the blocks a worker evicted
+    from its pool, kept in host memory) or 'remote' (the store)."""
 
     def __post_init__(self) -> None:
         _require(
             self.kind in ("stored", "removed", "cleared"), "kind", self.kind, "must be 'stored', 'removed' or 'cleared'"
         )
+        _require(self.tier in KV_TIERS, "tier", self.tier, f"must be one of {KV_TIERS}")
 
 
 @message("kv_lookup")
