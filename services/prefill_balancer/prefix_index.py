@@ -114,6 +114,20 @@ class PrefixIndex:
             credits.append(best)
         return credits
 
+    def only_in_store(self, namespace: str, worker_id: str, block_hashes: Sequence[bytes]) -> list[bytes]:
+        """The prompt's leading blocks (as far as any tier holds them for this worker) that only the
+        store holds: what a prefetch would bring into the worker."""
+        local = [self._held.get((namespace, worker_id, tier)) or {} for tier in ("device", "host")]
+        stored = self._held.get((namespace, STORE, "remote")) or {}
+        missing = []
+        for block_hash in block_hashes:
+            if any(block_hash in held for held in local):
+                continue
+            if block_hash not in stored:
+                break
+            missing.append(block_hash)
+        return missing
+
     def _store(self, key: tuple[str, str, str], block_hashes: Iterable[bytes]) -> None:
         held = self._held.get(key)
         if held is None:

@@ -20,3 +20,9 @@ class PrefillBalancerSettings(BalancerSettings):
     remote_tier_weight: float = Field(
         default=0.25, ge=0, le=1, description="routing credit of a prompt block only in the shared KV store"
     )
+    kv_prefetch: bool = Field(
+        default=True,
+        description="ask the chosen worker to fetch the prompt's blocks that only the KV store holds into its "
+        "host tier while the request is queued",
+    )
+    max_prefetch_blocks: int = Field(default=256, ge=1, description="most blocks one prefetch asks for")

@@ -18,9 +18,19 @@ from ferry import metrics
 from ferry.bus import trace
 from ferry.kvstore import KvStoreError
 from ferry.kvstore.index import MAX_HASHES_PER_EVENT
-from ferry.protocol import GenerateRequest, KvEvent, PrefillWork, encode, hash_full_blocks, subjects
+from ferry.protocol import (
+    Cancel,
+    GenerateRequest,
+    KvEvent,
+    KvPrefetch,
+    PrefillWork,
+    encode,
+    hash_full_blocks,
+    subjects,
+)
 from ferry_services.worker.base import Worker
 from ferry_services.worker.joining import FetchedKV, Joined
+from ferry_services.worker.prefetch import Prefetcher
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +44,19 @@ class PrefillWorker(Worker):
         self.num_prefix_blocks_reused = 0
         """Leading prompt blocks fetched from the store instead of computed."""
         self.num_prefix_fetch_failures = 0
+        self.prefetcher = Prefetcher(self)
+        self.service.subscribe(
+            subjects.kv_prefetch(self.worker_id), KvPrefetch, self.prefetcher.offer, name="kv_prefetch"
+        )
         self.prefix_blocks_by_tier = {"device": 0, "host": 0, "remote": 0, "computed": 0}
         """Leading full prompt blocks of admitted prompts, by where they came from (a hit rate per tier)."""
+
+    def background(self) -> list:
+        return [*super().background(), self.prefetcher.run()]
+
+    async def on_cancel(self, cancel: Cancel) -> None:
+        self.prefetcher.cancel(cancel.request_ids)
+        await super().on_cancel(cancel)
 
     def pull_budget(self) -> int:
         if self.compute.stats.num_queued_prefill_tokens >= self.settings.max_batch_tokens:
@@ -47,6 +68,7 @@ class PrefillWorker(Worker):
         if work.routed_at:
             log.debug("%s pulled %.1f ms after routing", request.request_id, (time.time() - work.routed_at) * 1000)
         metrics.PREFIX_CACHE_QUERIES.labels(self.role).inc(len(request.all_token_ids))
+        await self.prefetcher.settle(request.request_id)
         prefix = await self.fetch_prefix(request, work.num_cached_blocks_hint)
         trace.hop(request.request_id, "pw.prefix")
         return prefix

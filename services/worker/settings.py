@@ -19,6 +19,11 @@ class WorkerSettings(ServiceSettings):
         pattern=r"^[A-Za-z0-9_-]+$",
         description="names this worker's subjects and consumer; unique per replica",
     )
+    kv_writeback: bool = Field(
+        default=True,
+        description="decode: when a sequence finishes, write the full blocks it added (its output) to the KV "
+        "store, so the next turn of the conversation finds its whole history there",
+    )
     num_kv_blocks: int = Field(default=1024, ge=1, description="blocks in this worker's KV pool")
     block_size: int = Field(default=16, ge=1, description="tokens per KV block")
     host_kv_blocks: int = Field(

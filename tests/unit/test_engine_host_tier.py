@@ -84,3 +84,17 @@ def test_host_tier_is_off_by_default(lm):
     eng = LLMEngine(lm, EngineConfig(num_kv_blocks=8))
     assert eng.host is None and eng.drain_host_events() == ([], [])
     assert eng.prefetch_to_host([], None) == 0
+
+
+def test_a_finished_sequences_blocks_after_its_prompt_can_be_taken(lm):
+    eng = LLMEngine(lm, EngineConfig(num_kv_blocks=32))
+    eng.remember_finished(4)
+    eng.add_request("a", PROMPT, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    tokens = list(PROMPT)
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            tokens += out.new_token_ids
+    hashes, data = eng.take_finished_kv("a", skip_blocks=4)
+    assert hashes == hash_full_blocks(tokens[:-1], 16)[4:]  # 104 computed tokens: blocks 4..5
+    assert data.shape[0] == len(hashes) == 2
+    assert eng.take_finished_kv("a") is None  # taken once

@@ -79,3 +79,13 @@ def test_bad_kind_and_config_name_the_field():
         PrefixIndex().apply("moved", "ns", "w1")
     with pytest.raises(ValueError, match="remote_weight"):
         PrefixIndexConfig(remote_weight=2)
+
+
+def test_only_in_store_lists_the_blocks_a_prefetch_would_bring():
+    index = PrefixIndex()
+    index.apply("stored", "ns", "w1", HASHES[:1])
+    index.apply("stored", "ns", "w1", HASHES[2:3], tier="host")
+    index.apply("stored", "ns", STORE, HASHES[:4])
+    assert index.only_in_store("ns", "w1", HASHES) == [HASHES[1], HASHES[3]]  # the chain ends at block 4
+    assert index.only_in_store("ns", "w2", HASHES) == HASHES[:4]
+    assert index.only_in_store("other", "w1", HASHES) == []

@@ -83,6 +83,13 @@ class BlockManager:
                 return i
         return len(block_hashes)
 
+    def cached_block_ids(self, block_hashes: list[bytes]) -> list[int]:
+        """Pool blocks of the leading hashes that are computed here (held or free)."""
+        block_ids = []
+        for block_hash in block_hashes[: self.num_leading_cached(block_hashes)]:
+            block_ids.append(self._hash_to_block[block_hash])
+        return block_ids
+
     def drain_events(self) -> tuple[list[bytes], list[bytes]]:
         """(stored, removed) hashes of computed cached blocks since the last call, as a net change:
         a block stored and evicted between two calls is never reported."""

@@ -8,6 +8,7 @@ outside with add_prefilled(). No NATS, no Redis: the workers wrap this.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -47,6 +48,8 @@ class LLMEngine:
         self.max_model_len = lm.config.max_position_embeddings
         self.generator = torch.Generator().manual_seed(config.seed)
         self._requests: dict[str, RequestState] = {}
+        self._finished_chains: OrderedDict[str, list[bytes]] = OrderedDict()
+        self._max_finished_chains = 0
         self._pinned: dict[str, RequestState] = {}
         self._num_computed_tokens = self._num_steps = self._num_generated = self._num_scheduled = 0
 
@@ -125,8 +128,15 @@ class LLMEngine:
         return outputs
 
     def _finish(self, state: RequestState) -> None:
-        del self._requests[state.seq.request_id]
-        self.scheduler.remove(state.seq)
+        seq = state.seq
+        del self._requests[seq.request_id]
+        if self._max_finished_chains:
+            self._finished_chains[seq.request_id] = seq.block_hashes[
+                : seq.num_computed_tokens // self.config.block_size
+            ]
+            while len(self._finished_chains) > self._max_finished_chains:
+                self._finished_chains.popitem(last=False)
+        self.scheduler.remove(seq)
 
     def _pin(self, state: RequestState) -> None:
         del self._requests[state.seq.request_id]
@@ -161,6 +171,19 @@ class LLMEngine:
             hashes = hash_full_blocks(seq.token_ids[:num_tokens], self.config.block_size)
         self.block_manager.free(seq)
         return PrefilledKV(block_ids, hashes, num_tokens, data)
+
+    def remember_finished(self, max_sequences: int) -> None:
+        """Keep the block hashes of the last `max_sequences` finished sequences for take_finished_kv."""
+        self._max_finished_chains = max_sequences
+
+    def take_finished_kv(self, request_id: str, skip_blocks: int = 0) -> tuple[list[bytes], torch.Tensor] | None:
+        """(hashes, [n, *block_shape] CPU copy) of a finished sequence's full blocks after the first
+        `skip_blocks`, as far as the pool still holds them; None when it holds none (or it was not kept)."""
+        chain = self._finished_chains.pop(request_id, None) or []
+        block_ids = self.block_manager.cached_block_ids(chain[skip_blocks:])
+        if not block_ids:
+            return None
+        return chain[skip_blocks : skip_blocks + len(block_ids)], self.runner.kv.read_blocks(block_ids)
 
     def can_admit(self, num_tokens: int) -> bool:
         """Room for a sequence of num_tokens (+1 to decode) now, in blocks and in the batch cap."""

@@ -303,6 +303,22 @@ class KvEvent:
         _require(self.tier in KV_TIERS, "tier", self.tier, f"must be one of {KV_TIERS}")
 
 
+@message("kv_prefetch")
+@dataclass(slots=True)
+class KvPrefetch:
+    """Blocks a routed request will need, sent to the worker it was routed to on `ferry.kv.prefetch.<id>`
+    so the worker can fetch them from the store into its host tier while the request is queued."""
+
+    request_id: str
+    """Cancelling this request cancels the prefetch."""
+    kv_namespace: str
+    block_hashes: list[bytes]
+    """Leading blocks of the prompt, in chain order; the worker skips those it holds."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.block_hashes), "block_hashes", self.block_hashes, "must not be empty")
+
+
 @message("kv_lookup")
 @dataclass(slots=True)
 class KvLookup:
