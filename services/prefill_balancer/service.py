@@ -3,8 +3,10 @@
 Reads `ferry.submit` (request/reply, queue group `prefill-balancer`: replicas share the load),
 `ferry.load.prefill.*` and `ferry.kv.events`; writes `ferry.work.prefill.<worker>` (JetStream
 FERRY_WORK) and, just before, `ferry.kv.prefetch.<worker>` (`KvPrefetch` of the prompt's blocks only
-the store holds, FERRY_KV_PREFETCH). Replies `SubmitReply`: accepted with the worker id, or rejected with 'overloaded'
-(+ retry_after_s) or 'no_workers'. Queued work of a prefill worker that falls silent is moved to
+the store holds, FERRY_KV_PREFETCH). On start it asks (`ferry.kv.resync`) the prefill workers and the
+kvcache service to republish what they hold, so a restarted replica rebuilds its index at once.
+Replies `SubmitReply`: accepted with the worker id, or rejected with 'overloaded' (+ retry_after_s)
+or 'no_workers'. Queued work of a prefill worker that falls silent is moved to
 live workers. Every input is counted in `nats micro stats prefill-balancer`: `submit`, `load`,
 `kv_events`, `reroute`. The policy is policy.py and prefix_index.py; the rest is `ferry.balancing`.
 """
@@ -21,6 +23,7 @@ from ferry.bus import trace
 from ferry.protocol import (
     KvEvent,
     KvPrefetch,
+    KvResync,
     PrefillWork,
     SubmitReply,
     SubmitRequest,
@@ -65,6 +68,11 @@ class PrefillBalancer(Balancer[PrefillWork]):
         )
         self.service.endpoint(subjects.SUBMIT, SubmitRequest, self.submit, queue=subjects.SUBMIT_QUEUE, name="submit")
         self.service.subscribe(subjects.KV_EVENTS, KvEvent, self.on_kv_event, name="kv_events")
+
+    async def on_serving(self) -> None:
+        """Ask every prefill worker and the kvcache service to republish what they hold: a
+        (re)started replica's index is rebuilt from them, not only from whatever events come next."""
+        await self.nc.publish(subjects.KV_RESYNC, encode(KvResync(requester=self.service.id)))
 
     async def on_kv_event(self, event: KvEvent) -> None:
         """A pool's or the store's blocks changed (bad events are counted and logged by the service)."""

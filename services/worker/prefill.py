@@ -23,6 +23,7 @@ from ferry.protocol import (
     GenerateRequest,
     KvEvent,
     KvPrefetch,
+    KvResync,
     PrefillWork,
     encode,
     hash_full_blocks,
@@ -48,8 +49,28 @@ class PrefillWorker(Worker):
         self.service.subscribe(
             subjects.kv_prefetch(self.worker_id), KvPrefetch, self.prefetcher.offer, name="kv_prefetch"
         )
+        self.service.subscribe(subjects.KV_RESYNC, KvResync, self.on_resync, name="kv_resync")
         self.prefix_blocks_by_tier = {"device": 0, "host": 0, "remote": 0, "computed": 0}
         """Leading full prompt blocks of admitted prompts, by where they came from (a hit rate per tier)."""
+
+    async def start(self, consumer=None) -> None:
+        await super().start(consumer)
+        await self.publish_pool_contents(cleared=True)
+
+    async def publish_pool_contents(self, cleared: bool = False) -> None:
+        """Everything the pool and the host tier hold, as 'stored' events (after 'cleared' ones when
+        `cleared`: a restarted worker's balancers forget what its previous life held)."""
+        now = time.time()
+        if cleared:
+            for tier in ("device", "host"):
+                event = KvEvent("cleared", self.namespace, self.worker_id, timestamp=now, tier=tier)
+                await self.nc.publish(subjects.KV_EVENTS, encode(event))
+        device, host = await self.compute.call(self.engine.cached_hashes)
+        await self.publish_pool_changes((device, []), (host, []))
+
+    async def on_resync(self, request: KvResync) -> None:
+        """A prefill-balancer (re)started with an empty index: tell it everything held here."""
+        await self.publish_pool_contents()
 
     def background(self) -> list:
         return [*super().background(), self.prefetcher.run()]

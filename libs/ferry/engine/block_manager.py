@@ -83,6 +83,10 @@ class BlockManager:
                 return i
         return len(block_hashes)
 
+    def cached_hashes(self) -> list[bytes]:
+        """Every computed block's hash findable here (held or free)."""
+        return [h for h, b in self._hash_to_block.items() if self._is_computed[b]]
+
     def cached_block_ids(self, block_hashes: list[bytes]) -> list[int]:
         """Pool blocks of the leading hashes that are computed here (held or free)."""
         block_ids = []

@@ -41,6 +41,9 @@ class HostBlockCache:
     def __contains__(self, block_hash: bytes) -> bool:
         return block_hash in self._blocks
 
+    def hashes(self) -> list[bytes]:
+        return list(self._blocks)
+
     def put(self, block_hash: bytes, data: torch.Tensor) -> None:
         """Keep one block ([*block_shape], any device: copied to the host) as the most recent."""
         if self.capacity_blocks == 0:

@@ -241,6 +241,11 @@ class LLMEngine:
         """(stored, removed) block hashes of the device pool since the last call."""
         return self.block_manager.drain_events()
 
+    def cached_hashes(self) -> tuple[list[bytes], list[bytes]]:
+        """(device, host): every block hash the pool (computed) and the host tier hold now."""
+        host = list(self.host.cache.hashes()) if self.host is not None else []
+        return self.block_manager.cached_hashes(), host
+
     def drain_host_events(self) -> tuple[list[bytes], list[bytes]]:
         """(stored, removed) block hashes of the host tier since the last call."""
         return self.host.cache.drain_events() if self.host is not None else ([], [])

@@ -319,6 +319,16 @@ class KvPrefetch:
         _require(bool(self.block_hashes), "block_hashes", self.block_hashes, "must not be empty")
 
 
+@message("kv_resync")
+@dataclass(slots=True)
+class KvResync:
+    """On `ferry.kv.resync`, from a prefill-balancer that (re)started with an empty prefix index: every
+    prefill worker and the kvcache service publish all they hold as 'stored' `KvEvent`s."""
+
+    requester: str = ""
+    """Who asked (logs only)."""
+
+
 @message("kv_lookup")
 @dataclass(slots=True)
 class KvLookup:

@@ -21,6 +21,8 @@ KV_EVENTS = "ferry.kv.events"
 KV_LOOKUP = "ferry.kv.lookup"
 KV_STATS = "ferry.kv.stats"
 KV_PREFETCH_ALL = "ferry.kv.prefetch.>"
+KV_RESYNC = "ferry.kv.resync"
+"""prefill-balancer -> prefill workers and kvcache, broadcast: republish what you hold (`KvResync`)."""
 
 WORK_STREAM = "FERRY_WORK"
 """JetStream stream with work-queue retention over WORK_ALL."""
