@@ -14,6 +14,7 @@ def write_markdown(path: Path, report: dict) -> None:
         f"{config['system_prompt_len']} tokens, user messages ~{config['user_len_median']}, answers "
         f"{config['output_len']} tokens, think time ~{config['think_time_s']} s; model {Path(config['model']).name}.",
         "'off': no host tier, no decode write-back, no prefetch. 'on': all three. Modes run one after the other.",
+        f"Prefill worker pool: {config['prefill_kv_blocks']} blocks. Command: `{report.get('command', '')}`",
         "",
         "| turn | TTFT p50 off (ms) | TTFT p50 on (ms) | off/on | TTFT p99 off | TTFT p99 on |",
         "|---|---|---|---|---|---|",

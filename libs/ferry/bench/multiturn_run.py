@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -59,6 +60,7 @@ def run_multiturn(args: argparse.Namespace, out: Path) -> int:
     report: dict = {"config": _fields(config), "modes": {}}
     report["config"]["model"] = str(model)
     report["config"]["prefill_kv_blocks"] = args.prefill_kv_blocks
+    report["command"] = " ".join(["ferry", *sys.argv[1:]]) if "bench" in sys.argv else ""
     with contextlib.ExitStack() as stack:
         nats = stack.enter_context(servers.start_nats())
         redis = stack.enter_context(servers.start_redis())
