@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_kvcache_service import Running, eventually, healthy
+from test_kvcache_service import Running, healthy
 from test_prefix_reuse import PREFIX, client, tiny_model  # noqa: F401
 from test_worker_pipeline import GREEDY, System
+from waiting import wait_until
 
 from ferry.protocol import Cancel, KvPrefetch, SamplingParams, decode, encode, hash_full_blocks, subjects
 
@@ -61,17 +62,22 @@ async def test_next_turn_finds_its_history_prefetched(system, nc, client, tiny_m
     await nc.subscribe(subjects.kv_prefetch(prefill.worker_id), cb=collect)
     output_1 = await serve(client, "turn-1", TURN_1, LONG)
     history = TURN_1 + output_1  # 114 tokens; the last one's KV is not computed
-    await eventually(lambda: _true(decode_worker.num_written_back_blocks))
+    await wait_until(
+        lambda: decode_worker.num_written_back_blocks, "the decode worker wrote turn 1's output blocks back"
+    )
     hashes = hash_full_blocks(history[:-1], 16)
     written = hashes[len(TURN_1) // 16 :]  # from the block that holds the prompt's tail on
     assert decode_worker.num_written_back_blocks == len(written)
 
     turn_2 = history + USER_2
     # the balancer's index learns the written blocks from the kvcache service's events
-    await eventually(lambda: _true(_only_in_store(system, prefill, turn_2)))
+    await wait_until(lambda: _only_in_store(system, prefill, turn_2), "the balancer knows the written-back blocks")
     # the prefetch a routing would send, sent before the request, as a queued request would see it
     await nc.publish(subjects.kv_prefetch(prefill.worker_id), encode(KvPrefetch("warm", prefill.namespace, written)))
-    await eventually(lambda: _true(prefill.prefetcher.stats.num_fetched_blocks == len(written)))
+    await wait_until(
+        lambda: prefill.prefetcher.stats.num_fetched_blocks == len(written),
+        "the prefetch fetched every written-back block",
+    )
 
     assert await serve(client, "turn-2", turn_2) == expected_tokens(tiny_model, turn_2)
     tiers = prefill.prefix_blocks_by_tier
@@ -87,7 +93,7 @@ async def test_a_cancelled_requests_prefetch_is_dropped(system, nc):
     prefill.prefetcher._wake = asyncio.Event()  # park the loop's wake-up: the offer stays queued
     await prefill.prefetcher.offer(KvPrefetch("gone", prefill.namespace, hash_full_blocks(PREFIX, 16)))
     await nc.publish(subjects.CANCEL, encode(Cancel(["gone"])))
-    await eventually(lambda: _true(prefill.prefetcher.stats.num_dropped == 1))
+    await wait_until(lambda: prefill.prefetcher.stats.num_dropped == 1, "the cancelled prefetch dropped")
     assert prefill.prefetcher.stats.num_fetched_blocks == 0
 
 
@@ -95,7 +101,3 @@ def _only_in_store(system, prefill, prompt):
     balancer = next(s.__self__ for s in system.stoppers if type(s.__self__).__name__ == "PrefillBalancer")
     hashes = hash_full_blocks(prompt, 16)[: (len(prompt) - 1) // 16]
     return balancer.prefixes.only_in_store(prefill.namespace, prefill.worker_id, hashes)
-
-
-async def _true(value):
-    return value

@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 from test_kv_prefetch import LONG, TURN_1, serve, system  # noqa: F401
-from test_kvcache_service import eventually
 from test_prefix_reuse import clear_pool, client, tiny_model  # noqa: F401
+from waiting import wait_until
 
 from ferry.bus import connect
 from ferry_services.prefill_balancer.service import PrefillBalancer
@@ -41,13 +41,19 @@ async def test_a_late_replica_rebuilds_the_same_index(system, nats_url, client):
     prefill = system.workers["prefill-t"]
     # the worker's pool, the store's prompt blocks and the decode worker's written-back output blocks
     expected_keys = {(prefill.namespace, prefill.worker_id, "device"), (prefill.namespace, "store", "remote")}
-    await eventually(lambda: _true(expected_keys <= contents(seen_all).keys()))
-    await eventually(lambda: _true(system.workers["decode-t"].num_written_back_blocks))
+    await wait_until(
+        lambda: expected_keys <= contents(seen_all).keys(), "the first balancer knows the pool and the store"
+    )
+    await wait_until(
+        lambda: system.workers["decode-t"].num_written_back_blocks, "the decode worker wrote its output blocks back"
+    )
     await asyncio.sleep(0.3)  # the write-back's store events reach the first balancer
 
     replica, nc = await start_replica(nats_url)
     try:
-        await eventually(lambda: _true(contents(replica) == contents(seen_all)))
+        await wait_until(
+            lambda: contents(replica) == contents(seen_all), "the late replica's index equals the first one's"
+        )
         assert len(contents(replica)[(prefill.namespace, "store", "remote")]) > len(TURN_1) // 16
     finally:
         await replica.stop()
@@ -61,14 +67,15 @@ async def test_a_restarted_worker_is_forgotten_by_every_replica(system, nats_url
     seen_all = first_balancer(system)
     replica, nc = await start_replica(nats_url)
     try:
-        await eventually(lambda: _true(key in contents(replica) and key in contents(seen_all)))
+        await wait_until(
+            lambda: key in contents(replica) and key in contents(seen_all), "both replicas know the worker's pool"
+        )
         await clear_pool(prefill)  # as after a restart: nothing in its pool
         await prefill.publish_pool_contents(cleared=True)  # what a worker says when it starts
-        await eventually(lambda: _true(key not in contents(replica) and key not in contents(seen_all)))
+        await wait_until(
+            lambda: key not in contents(replica) and key not in contents(seen_all),
+            "both replicas forgot the restarted worker's pool",
+        )
     finally:
         await replica.stop()
         await nc.close()
-
-
-async def _true(value):
-    return value

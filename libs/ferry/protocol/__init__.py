@@ -36,6 +36,7 @@ from ferry.protocol.messages import (
     SubmitRequest,
     TokenEvent,
     TokenLogprob,
+    TrafficForecast,
 )
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "SubmitRequest",
     "TokenEvent",
     "TokenLogprob",
+    "TrafficForecast",
     "decode",
     "encode",
     "hash_block",

@@ -23,6 +23,8 @@ KV_STATS = "ferry.kv.stats"
 KV_PREFETCH_ALL = "ferry.kv.prefetch.>"
 KV_RESYNC = "ferry.kv.resync"
 """prefill-balancer -> prefill workers and kvcache, broadcast: republish what you hold (`KvResync`)."""
+FORECAST_ALL = "ferry.forecast.>"
+"""Every source's TrafficForecast."""
 
 WORK_STREAM = "FERRY_WORK"
 """JetStream stream with work-queue retention over WORK_ALL."""
@@ -76,3 +78,8 @@ def load(role: str, worker_id: str) -> str:
 def load_role(role: str) -> str:
     """Wildcard for every worker's load reports of one role."""
     return f"ferry.load.{_role(role)}.*"
+
+
+def forecast(source: str) -> str:
+    """Where `source` publishes its TrafficForecast."""
+    return f"ferry.forecast.{_token(source, 'source')}"
