@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ferry.bench.online import add_url_arguments
 
     add_url_arguments(parser)  # adds --url and its options
+    from ferry.bench.multiturn_run import add_arguments as add_multiturn_arguments
+
+    add_multiturn_arguments(parser)  # adds --multi-turn and its options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,6 +78,11 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from ferry.bench.workload import BURST_LENGTH_CONTROL, named_workload
 
+    if args.multi_turn:
+        from ferry.bench.multiturn_run import run_multiturn
+
+        out = args.out or Path("ops/bench/multiturn") / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        return run_multiturn(args, out)
     if bool(args.offline) == bool(args.url):
         raise ValueError("choose one mode: --offline (engine in-process) or --url URL (a server)")
     if args.model and not Path(args.model).is_dir():
