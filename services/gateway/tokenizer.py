@@ -1,7 +1,7 @@
 """What the gateway needs from the checkpoint: tokenizer, chat template, context length, vocab size.
 
-Only config.json and the tokenizer files are read, never the weights; the tokenizer is the model
-runtime's (`ferry.model.tokenizer.Tokenizer`), so prompts tokenize exactly as the workers expect.
+Only config.json and the tokenizer files (of a GGUF: its metadata) are read, never the weights; the
+tokenizer is the model runtime's (`ferry.model.tokenizer.Tokenizer`), so prompts tokenize exactly as the workers expect.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def load_model_info(model_dir: str) -> ModelInfo:
 
     config = read_config(model_dir)
     return ModelInfo(
-        tokenizer=ModelTokenizer.from_dir(model_dir),
+        tokenizer=ModelTokenizer.from_path(model_dir),
         max_context_len=config.max_position_embeddings,
         vocab_size=config.vocab_size,
     )

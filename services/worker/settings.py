@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
+from ferry.model.source import served_name
 from ferry.settings import ServiceSettings, default_instance_id
 
 
 class WorkerSettings(ServiceSettings):
     role: str = Field(default="prefill", pattern=r"^(prefill|decode)$", description="prefill or decode")
-    model: str = Field(default="", description="checkpoint folder (config.json + safetensors + tokenizer)")
+    model: str = Field(
+        default="", description="checkpoint folder (config.json + safetensors + tokenizer), .gguf file or smollm2"
+    )
     served_model_name: str = Field(default="", description="model name clients use; default: folder name")
     worker_id: str = Field(
         default_factory=default_instance_id,
@@ -46,4 +48,4 @@ class WorkerSettings(ServiceSettings):
     @property
     def model_name(self) -> str:
         """The name clients send in `model` (the gateway's default is the same folder name)."""
-        return self.served_model_name or Path(self.model).name or "ferry"
+        return self.served_model_name or served_name(self.model) or "ferry"
