@@ -25,7 +25,13 @@ log = logging.getLogger("ferry.gateway")
 
 def model_limits(settings: GatewaySettings, info: ModelInfo) -> ModelLimits:
     max_len = min(settings.max_context_len or info.max_context_len, info.max_context_len)
-    return ModelLimits(name=settings.model_name, max_context_len=max_len, vocab_size=info.vocab_size)
+    return ModelLimits(
+        name=settings.model_name,
+        max_context_len=max_len,
+        vocab_size=info.vocab_size,
+        arch=info.arch,
+        checkpoint_dtype=info.checkpoint_dtype,
+    )
 
 
 class _HttpServer(uvicorn.Server):

@@ -24,11 +24,16 @@ class ModelInfo:
     max_context_len: int
     """config.json max_position_embeddings."""
     vocab_size: int
+    arch: str = ""
+    """llama, qwen2, ... (config)."""
+    checkpoint_dtype: str = ""
+    """What the checkpoint stores its weights in: a GGUF's type (Q4_1, ...) or a torch dtype."""
 
 
 def load_model_info(model_dir: str) -> ModelInfo:
     # Imported here: the model package pulls in torch, which `--help` and tests of the schemas skip.
     from ferry.model.config import read_config
+    from ferry.model.describe import checkpoint_dtype
     from ferry.model.tokenizer import Tokenizer as ModelTokenizer
 
     config = read_config(model_dir)
@@ -36,4 +41,6 @@ def load_model_info(model_dir: str) -> ModelInfo:
         tokenizer=ModelTokenizer.from_path(model_dir),
         max_context_len=config.max_position_embeddings,
         vocab_size=config.vocab_size,
+        arch=config.arch,
+        checkpoint_dtype=checkpoint_dtype(config),
     )

@@ -36,7 +36,7 @@ def config_from_gguf(f: GgufFile) -> ModelConfig:
             dtype="float32",
             bos_token_id=f.field("tokenizer.ggml.bos_token_id", None),
             eos_token_ids=_eos_ids(f),
-            raw={"gguf": f.path.name, "name": f.field("general.name", f.path.stem)},
+            raw={"gguf": f.path.name, "name": f.field("general.name", f.path.stem), "gguf_file_type": f.file_type},
         )
     except ValueError as exc:
         raise ValueError(f"{f.path}: {exc}") from None

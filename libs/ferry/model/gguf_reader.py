@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
 from gguf.quants import dequantize
 
 from ferry.model.config import ModelConfig
@@ -142,6 +142,19 @@ class GgufFile:
         from ferry.model.gguf_config import config_from_gguf
 
         return config_from_gguf(self)
+
+    @property
+    def file_type(self) -> str:
+        """The file's weights type as llama.cpp names it ('Q4_1' for MOSTLY_Q4_1), else the most common
+        type among its matrices."""
+        value = self.field("general.file_type", None)
+        if value is not None:
+            try:
+                return LlamaFileType(int(value)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+            except ValueError:
+                pass
+        kinds = [t.tensor_type.name for t in self._tensors.values() if len(t.shape) == 2]
+        return max(set(kinds), key=kinds.count) if kinds else "F32"
 
     def has_tensor(self, gguf_name: str) -> bool:
         return gguf_name in self._tensors

@@ -263,6 +263,8 @@ class LoadReport:
     """Work messages queued for this worker in JetStream and not pulled yet (its consumer's pending
     count): a worker pulls only what fits its budget, so without this a balancer sees a full
     worker's queue only until the next report and never finds every worker full ('overloaded')."""
+    weights_dtype: str = ""
+    """What the worker's weight matmuls hold (float32, bfloat16, int8, ...; '' = not said)."""
 
     def __post_init__(self) -> None:
         _require(self.role in ROLES, "role", self.role, f"must be one of {ROLES}")
