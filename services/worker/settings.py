@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from pydantic import Field, field_validator
 
-from pydantic import Field
-
+from ferry.dtypes import check_dtype_name
 from ferry.model.source import served_name
 from ferry.settings import ServiceSettings, default_instance_id
 
@@ -28,7 +27,7 @@ class WorkerSettings(ServiceSettings):
     load_interval_s: float = Field(default=1.0, gt=0, description="seconds between load reports")
     device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:1, ...")
     dtype: str = Field(default="", description="model dtype (float32, bfloat16, ...); '' keeps the checkpoint's")
-    kv_cache_dtype: Literal["", "float32", "bfloat16", "float16"] = Field(
+    kv_cache_dtype: str = Field(
         default="",
         description="KV cache dtype; '' = the model's. bfloat16 under an fp32 model halves KV memory "
         "and CPU decode attention's reads; every worker of a deployment should use the same",
@@ -44,6 +43,11 @@ class WorkerSettings(ServiceSettings):
         "(decode) or given back to the gateway to resubmit (prefill); keep it a few seconds under the orchestrator's "
         "stop grace period (compose stop_grace_period, k8s terminationGracePeriodSeconds)",
     )
+
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _kv_cache_dtype(cls, value: str) -> str:
+        return value and check_dtype_name(value, "kv_cache_dtype")
 
     @property
     def model_name(self) -> str:

@@ -29,7 +29,7 @@ class LLMEngine:
         self.lm = lm
         self.config = config = config or EngineConfig()
         num_blocks = config.num_kv_blocks or self._blocks_for_memory(lm, config)
-        self.runner = ModelRunner(lm, num_blocks, config.block_size, config.device, _kv_dtype(config))
+        self.runner = ModelRunner(lm, num_blocks, config.block_size, config.device, _kv_dtype(config), config.attention)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,

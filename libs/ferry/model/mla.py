@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ferry.kernels import gather_seq, prefill_attention, use_triton, write_kv
+from ferry.kernels import gather_seq, prefill_attention, write_kv
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
 from ferry.model.cpu_linear import Linear
-from ferry.model.dense_attention import cpu_decode_attention
+from ferry.model.dense_attention import torch_decode_attention
 from ferry.model.kv_cache import PagedKVCache
 from ferry.model.layers import RMSNorm
 from ferry.model.rope import apply_rotary, yarn_mscale
@@ -52,6 +52,8 @@ class MLAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.rank, cfg.rms_norm_eps)
         self.kv_b_proj = Linear(self.rank, cfg.num_heads * (self.nope + self.v_dim), bias=False)
         self.o_proj = Linear(cfg.num_heads * self.v_dim, cfg.hidden_size, bias=cfg.o_bias)
+        self.backend = "cpu"
+        """One of ATTENTION_BACKENDS, set once by CausalLM.set_attention_backend."""
 
     def _query(self, x: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "q_proj"):
@@ -71,9 +73,9 @@ class MLAttention(nn.Module):
         cache = kv.layer(self.layer, 0)  # [N, bs, 1, C+R]
         write_kv(cache, meta.slot_mapping, entry)
         out = q.new_empty(tokens, self.num_heads, self.v_dim)  # [T, H, Dv]
-        if meta.decode_token_rows.numel():
+        if meta.num_decodes:
             rows = meta.decode_token_rows
-            out[rows] = self._decode(q_nope[rows], q_pe[rows], cache, meta)
+            out[rows] = self._decode(q_nope[rows], q_pe[rows], cache, meta, kv)
         for i in meta.prefill_rows:
             start, end, ctx = meta.query_starts[i], meta.query_starts[i + 1], meta.context_lens[i]
             # a cache of another dtype (bf16 under fp32) is widened once gathered
@@ -94,20 +96,23 @@ class MLAttention(nn.Module):
         return prefill_attention(torch.cat([q_nope, q_pe], -1), k, v, ctx, self.scale)
 
     def _decode(
-        self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata
+        self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata, kv: PagedKVCache
     ) -> torch.Tensor:
         """Absorbed form: q_nope [B, H, nope], q_pe [B, H, R] -> [B, H, Dv]."""
         w = self.kv_b_proj.weight.view(self.num_heads, self.nope + self.v_dim, self.rank)
         w_uk, w_uv = w[:, : self.nope], w[:, self.nope :]  # [H, nope, C], [H, Dv, C]
         q_latent = torch.cat([torch.einsum("bhn,hnc->bhc", q_nope, w_uk), q_pe], -1)  # [B, H, C+R]
-        if use_triton(q_latent):
+        if self.backend == "triton":
             from ferry.kernels.triton_decode import mla_decode_attention
 
             out_latent = mla_decode_attention(
                 q_latent, cache, self.rank, meta.decode_block_tables, meta.decode_seq_lens, self.scale
             )
         else:
-            out_latent = cpu_decode_attention(q_latent, cache, cache[..., : self.rank], meta, self.scale)
+            fused = self.backend == "cpu"
+            out_latent = torch_decode_attention(
+                q_latent, cache, cache[..., : self.rank], meta, self.scale, None, kv, fused
+            )
         return torch.einsum("bhc,hvc->bhv", out_latent, w_uv)  # [B, H, Dv]
 
     @staticmethod
