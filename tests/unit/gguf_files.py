@@ -111,3 +111,35 @@ def _add_tokenizer(w: gguf.GGUFWriter, ckpt: Path) -> None:
     w.add_eos_token_id(vocab[tok_cfg["eos_token"]])
     w.add_add_bos_token(True)
     w.add_chat_template(tok_cfg["chat_template"])
+
+
+def sentencepiece_gguf(out: Path, with_merges: bool = False) -> Path:
+    """A GGUF holding only a SentencePiece-style BPE vocabulary (Llama 2 / Mistral 7B layout: <unk>,
+    <s>, </s>, the 256 <0xNN> byte tokens, then pieces scored by merge order), trained here."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from ferry.model.bpe_tokenizer import _corpus
+
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
+    trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=specials, show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    model = json.loads(tok.to_str())["model"]
+    tokens = sorted(model["vocab"], key=model["vocab"].get)
+    types = [2 if t == "<unk>" else 3 if t in ("<s>", "</s>") else 6 if t.startswith("<0x") else 1 for t in tokens]
+    w = gguf.GGUFWriter(str(out), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0 if k != 1 else -float(i) for i, k in enumerate(types)])
+    w.add_token_types(types)
+    if with_merges:
+        w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in model["merges"]])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out

@@ -11,7 +11,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf_files import checkpoint_to_gguf, permute
+from gguf_files import checkpoint_to_gguf, permute, sentencepiece_gguf
 
 from ferry.model import AttentionMetadata, load_model
 from ferry.model.gguf_reader import GgufFile
@@ -138,3 +138,29 @@ def test_model_paths_are_checked_by_kind(llama_gguf, tmp_path):
     assert "not a .gguf file" in model_problem(tmp_path / "weights.bin")
     assert "no config.json" in model_problem(tmp_path)
     assert served_name(llama_gguf) == "llama" and served_name("smollm2") == "SmolLM2-135M-Instruct.Q4_1"
+
+
+SPM_TEXTS = ["hello ferry world", "  two  spaces\nand a new line", "Ünïcödé 日本語 🚀", "<s>the boat</s> 42!"]
+
+
+@pytest.mark.parametrize("with_merges", [False, True], ids=["merges-from-scores", "merges-in-file"])
+def test_sentencepiece_vocabulary_tokenizes_as_transformers_does(tmp_path, with_merges):
+    from transformers import AutoTokenizer
+
+    from ferry.model.gguf_tokenizer import tokenizer_from_gguf
+
+    path = sentencepiece_gguf(tmp_path / "spm.gguf", with_merges)
+    ours = tokenizer_from_gguf(GgufFile(path))
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    for text in SPM_TEXTS:
+        ids = ours.encode(text)
+        assert ids == theirs.encode(text), text
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), text
+    assert ours.encode("the")[0] == 1  # BOS: llama.cpp adds it to a SentencePiece vocabulary by default
+    assert "<0xE6>" in ours.convert_ids_to_tokens(ours.encode("日"))  # unknown characters fall back to bytes
+
+
+def test_bench_sizes_its_workload_from_a_gguf(llama_gguf):
+    from ferry.bench.cli import _model_vocab
+
+    assert _model_vocab(str(llama_gguf)) == GgufFile(llama_gguf).config.vocab_size == 512
