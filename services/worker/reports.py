@@ -28,6 +28,7 @@ class Reporting:
     """Mixed into `Worker`, which provides these:"""
 
     role: str
+    decodes: bool
     worker_id: str
     namespace: str
     settings: WorkerSettings
@@ -82,6 +83,7 @@ class Reporting:
             draining=self.ledger.draining,
             weights_dtype=self.weights_dtype,
             num_backlog=self.num_backlog,
+            decodes=self.decodes,
         )
 
     async def refresh_backlog(self) -> None:

@@ -10,7 +10,11 @@ from ferry.settings import ServiceSettings, default_instance_id
 
 
 class WorkerSettings(ServiceSettings):
-    role: str = Field(default="prefill", pattern=r"^(prefill|decode)$", description="prefill or decode")
+    role: str = Field(
+        default="prefill",
+        pattern=r"^(prefill|decode|both)$",
+        description="prefill, decode, or both: prefill work decoded by the same worker (no hand-off)",
+    )
     model: str = Field(
         default="", description="checkpoint folder (config.json + safetensors + tokenizer), .gguf file or smollm2"
     )
@@ -48,6 +52,11 @@ class WorkerSettings(ServiceSettings):
     @classmethod
     def _kv_cache_dtype(cls, value: str) -> str:
         return value and check_dtype_name(value, "kv_cache_dtype")
+
+    @property
+    def work_role(self) -> str:
+        """The role whose work subjects, consumer and load reports this worker uses ('both' pulls prefill work)."""
+        return "prefill" if self.role == "both" else self.role
 
     @property
     def model_name(self) -> str:
