@@ -248,7 +248,10 @@ def transformers_turns(model_dir: Path, requests: list[WorkloadRequest], batch_s
     """Hugging Face `generate` in static batches (left-padded), greedy, exact output lengths."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    from ferry.model.source import transformers_location
+
+    folder, kwargs = transformers_location(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs).eval()
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     _hf_batch(model, requests[:1], pad, warm_up=True)
     result = RunResult("transformers", math.inf, output_tokens=sum(r.max_tokens for r in requests))
