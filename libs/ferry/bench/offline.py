@@ -88,6 +88,8 @@ class OfflineConfig:
     """Batch cap of every engine system in the equal-KV-memory table."""
     threads: int = 2
     show_progress: bool = True
+    device: str = "cpu"
+    """Where the engine systems run ('cuda' for ops/gpu/check.sh); transformers stays on the CPU."""
 
     @property
     def basis(self) -> str:
@@ -123,7 +125,7 @@ class OfflineConfig:
 
 def run_offline(cfg: OfflineConfig) -> dict:
     torch.set_num_threads(cfg.threads)
-    lm = load_model(cfg.model)
+    lm = load_model(cfg.model, device=cfg.device)
     requests = make_workload(cfg.workload)
     at_once = [0.0] * len(requests)
     turns = {
@@ -150,7 +152,11 @@ def _engine_config(
     cfg: OfflineConfig, system: str, num_kv_blocks: int | None = None, max_num_seqs: int | None = None
 ) -> EngineConfig:
     return engine_config(
-        system, max_num_seqs or cfg.max_num_seqs, num_kv_blocks or cfg.num_kv_blocks, cfg.max_num_batched_tokens
+        system,
+        max_num_seqs or cfg.max_num_seqs,
+        num_kv_blocks or cfg.num_kv_blocks,
+        cfg.max_num_batched_tokens,
+        cfg.device,
     )
 
 

@@ -21,7 +21,9 @@ class InputError(Exception):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors, tokenizer)")
+    parser.add_argument(
+        "--model", required=True, help="checkpoint folder (config.json, safetensors, tokenizer), .gguf file, or smollm2"
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="one prompt (text)")
     source.add_argument("--prompts-file", type=Path, help="JSONL: one prompt per line")
@@ -57,10 +59,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ferry.model.source import model_problem
     from ferry.protocol import SamplingParams
 
-    if not Path(args.model).is_dir():
-        raise InputError(f"--model {args.model}: no such checkpoint folder")
+    problem = model_problem(args.model)
+    if problem:
+        raise InputError(f"--model {args.model}: {problem}")
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts_file)
     try:
         sampling = SamplingParams(

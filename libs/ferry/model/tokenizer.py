@@ -23,6 +23,19 @@ class Tokenizer:
         self._template = _compile(chat_template) if chat_template else None
 
     @classmethod
+    def from_path(cls, path: str | Path) -> Tokenizer:
+        """A checkpoint folder's tokenizer, a GGUF file's, or a pretrained model's (by name)."""
+        from ferry.model.source import resolve_model
+
+        path = resolve_model(path)
+        if path.suffix == ".gguf":
+            from ferry.model.gguf_reader import open_gguf
+            from ferry.model.gguf_tokenizer import tokenizer_from_gguf
+
+            return tokenizer_from_gguf(open_gguf(path))
+        return cls.from_dir(path)
+
+    @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
         path = Path(path)
         file = path / "tokenizer.json"
