@@ -58,9 +58,9 @@ def write_markdown(path: Path, report: dict) -> None:
 
 
 def write_plot(path: Path, report: dict) -> None:
-    from ferry.bench.plots import _pyplot, _save
+    from ferry.bench.plots import _save, pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     modes = report["modes"]
     turns = list(modes["off"]["turns"]["ttft_ms_by_turn"])
     labels = turns + ["restart"]

@@ -61,7 +61,7 @@ class HostTier:
             blocks.append(self.cache.get(block_hash))
         self.flush()  # the adopted slots' previous blocks go to the host before they are overwritten
         if block_ids:
-            self.kv.write_blocks(block_ids, torch.stack(blocks))
+            self.kv.write_blocks(block_ids, torch.stack(blocks))  # type: ignore[arg-type]  # hashes the host holds
         self.cache.num_hits += len(block_ids)
         return len(block_ids)
 

@@ -3,7 +3,7 @@ checkpoint stores its weights in, and the dtype the loaded model multiplies with
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ferry.model.config import ModelConfig
 
@@ -23,4 +23,5 @@ def weights_dtype(model: nn.Module) -> str:
         declared = getattr(module, "weights_dtype", None)
         if isinstance(declared, str):
             return declared
-    return str(model.lm_head.weight.dtype).removeprefix("torch.")
+    head: Any = model.lm_head  # an nn.Linear (or a quantized one)
+    return str(head.weight.dtype).removeprefix("torch.")

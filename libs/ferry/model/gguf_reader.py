@@ -122,7 +122,7 @@ class GgufFile:
     @cached_property
     def hf_names(self) -> dict[str, str]:
         """HF parameter name -> GGUF tensor name, for every parameter the file holds."""
-        return {hf_name(name): name for name in self._tensors if hf_name(name)}
+        return {hf: name for name in self._tensors if (hf := hf_name(name))}
 
     def _check_tensors(self) -> None:
         for name, tensor in self._tensors.items():

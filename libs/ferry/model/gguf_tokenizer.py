@@ -66,7 +66,7 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str) -> HFTokeniz
     alphabet = set(spelling.values())
     # llama.cpp keeps a few tokens spelled as text (added ones); BPE needs every token in the byte alphabet
     vocab = {t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode()): i for i, t in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    pairs: list[tuple[str, str]] = [tuple(m.split(" ", 1)) for m in merges]  # type: ignore[misc]  # "a b"
     backend = HFTokenizer(models.BPE(vocab, pairs, ignore_merges=pre in _IGNORE_MERGES))
     backend.pre_tokenizer = _pre_tokenizer(pre)
     backend.decoder = decoders.ByteLevel()
