@@ -3,7 +3,7 @@ checkpoint stores its weights in, and the dtype the loaded model multiplies with
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ferry.model.config import ModelConfig
 
@@ -23,5 +23,4 @@ def weights_dtype(model: nn.Module) -> str:
         declared = getattr(module, "weights_dtype", None)
         if isinstance(declared, str):
             return declared
-    head: Any = model.lm_head  # an nn.Linear (or a quantized one)
-    return str(head.weight.dtype).removeprefix("torch.")
+    return str(model.get_parameter("lm_head.weight").dtype).removeprefix("torch.")
