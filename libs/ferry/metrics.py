@@ -121,7 +121,7 @@ ALL_METRICS = (
 
 def metric_names() -> list[str]:
     """Exposed base names (counters without their `_total` suffix, as prometheus_client keeps them)."""
-    return [m.describe()[0].name for m in ALL_METRICS]
+    return [next(iter(m.describe())).name for m in ALL_METRICS]
 
 
 def start_metrics_server(port: int, addr: str = "0.0.0.0") -> WSGIServer | None:

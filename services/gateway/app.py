@@ -71,7 +71,7 @@ def create_app(settings: GatewaySettings, tokenizer: Tokenizer, limits: ModelLim
         trace.hop(request_id, "gw.http")
         check_inflight(bus, settings.max_inflight, settings.retry_after_s)  # before the tokenizer runs
         generate = completion_to_generate(body, tokenizer, limits, request_id, bus.gateway_id)
-        env = Envelope(id=request_id, model=limits.name, is_chat=False)
+        env = Envelope(id=request_id, model=limits.name, is_chat=False, return_token_ids=body.return_token_ids)
         return await _respond(request, body, generate, env, body.logprobs is not None)
 
     @app.post("/v1/chat/completions")
@@ -80,7 +80,7 @@ def create_app(settings: GatewaySettings, tokenizer: Tokenizer, limits: ModelLim
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         check_inflight(bus, settings.max_inflight, settings.retry_after_s)  # before the chat template runs
         generate = chat_to_generate(body, tokenizer, limits, request_id, bus.gateway_id)
-        env = Envelope(id=request_id, model=limits.name, is_chat=True)
+        env = Envelope(id=request_id, model=limits.name, is_chat=True, return_token_ids=body.return_token_ids)
         return await _respond(request, body, generate, env, body.logprobs)
 
     async def _respond(

@@ -24,8 +24,19 @@ class WorkerSettings(ServiceSettings):
         pattern=r"^[A-Za-z0-9_-]+$",
         description="names this worker's subjects and consumer; unique per replica",
     )
+    kv_writeback: bool = Field(
+        default=True,
+        description="decode: when a sequence finishes, write the full blocks it added (its output) to the KV "
+        "store, so the next turn of the conversation finds its whole history there",
+    )
     num_kv_blocks: int = Field(default=1024, ge=1, description="blocks in this worker's KV pool")
     block_size: int = Field(default=16, ge=1, description="tokens per KV block")
+    host_kv_blocks: int = Field(
+        default=256,
+        ge=0,
+        description="host tier: blocks evicted from the KV pool kept in host memory (pinned on a GPU) "
+        "and loaded back instead of fetched or recomputed; prefetched blocks land here too; 0 = off",
+    )
     max_running: int = Field(default=64, ge=1, description="most sequences in the engine at once")
     max_batch_tokens: int = Field(default=2048, ge=1, description="token budget of one engine step")
     load_interval_s: float = Field(default=1.0, gt=0, description="seconds between load reports")

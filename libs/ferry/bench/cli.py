@@ -60,9 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--kv-budget-max-num-seqs", type=int, default=128, help="default %(default)s")
     o.add_argument("--online-requests", type=int, default=64)
     o.add_argument("--threads", type=int, default=2, help="torch threads (default %(default)s)")
+    o.add_argument("--device", default="cpu", help="engine device: cpu, cuda, cuda:N (default %(default)s)")
     from ferry.bench.online import add_url_arguments
 
     add_url_arguments(parser)  # adds --url and its options
+    from ferry.bench.multiturn_run import add_arguments as add_multiturn_arguments
+
+    add_multiturn_arguments(parser)  # adds --multi-turn and its options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from ferry.bench.workload import BURST_LENGTH_CONTROL, named_workload
 
+    if args.multi_turn:
+        from ferry.bench.multiturn_run import run_multiturn
+
+        out = args.out or Path("ops/bench/multiturn") / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        return run_multiturn(args, out)
     if bool(args.offline) == bool(args.url):
         raise ValueError("choose one mode: --offline (engine in-process) or --url URL (a server)")
     from ferry.model.source import model_problem
@@ -128,6 +137,7 @@ def _run_offline(args: argparse.Namespace, workload, out: Path) -> int:
         kv_budget_tokens=args.kv_budget_tokens,
         kv_budget_max_num_seqs=args.kv_budget_max_num_seqs,
         show_progress=not args.no_progress,
+        device=args.device,
     )
     report = run_offline(cfg)
     summary = {

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -73,7 +73,7 @@ class RunResult:
         return out
 
 
-Turns = Iterator[int]
+Turns = Generator[int, None, "RunResult"]
 """A system under test: each next() does one unit of work and yields how many requests finished
 in it; its return value is the RunResult."""
 
@@ -97,7 +97,7 @@ def side_by_side(systems: dict[str, Turns], total: int, progress: bool) -> dict[
 
 # ---- the engine ----------------------------------------------------------------------------------
 def engine_config(
-    system: str, max_num_seqs: int, num_kv_blocks: int, max_num_batched_tokens: int = 2048
+    system: str, max_num_seqs: int, num_kv_blocks: int, max_num_batched_tokens: int = 2048, device: str = "cpu"
 ) -> EngineConfig:
     """The engine settings of one system: both static variants run the engine's static scheduler
     (padding is how engine_turns admits and sizes static_padded's requests); token ids out, no
@@ -110,8 +110,9 @@ def engine_config(
         max_num_batched_tokens=max_num_batched_tokens,
         batching="static" if system == "static_padded" else system,
         detokenize=False,
-        enable_prefix_caching=system != "static_padded",
-    )  # dense static servers have none
+        enable_prefix_caching=system != "static_padded",  # dense static servers have none
+        device=device,
+    )
 
 
 def engine_turns(

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from ferry.engine.config import KV_CACHE_DTYPES, EngineConfig
 
@@ -100,7 +101,7 @@ def read_prompts(path: Path) -> list[str | list[int] | dict]:
     """Each line: a string, or {"prompt": str | "prompt_token_ids": [int], "max_tokens"?: int}."""
     if not path.is_file():
         raise InputError(f"--prompts-file {path}: no such file")
-    prompts = []
+    prompts: list[str | list[int] | dict] = []
     for line_no, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -144,7 +145,7 @@ def generate(engine, prompts: list, sampling, progress: bool = False) -> list[di
             engine.add_request(str(index), _token_ids(engine, prompt), params)
         except ValueError as exc:
             raise InputError(f"prompt {index}: {exc}") from None
-    results = [{"token_ids": [], "text": "", "finish_reason": None} for _ in prompts]
+    results: list[dict[str, Any]] = [{"token_ids": [], "text": "", "finish_reason": None} for _ in prompts]
     with tqdm(total=len(prompts), desc="generate", unit="prompt", disable=not progress, file=sys.stderr) as bar:
         while engine.has_unfinished_requests():
             for out in engine.step():

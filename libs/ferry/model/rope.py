@@ -75,6 +75,8 @@ def _yarn(dim: int, theta: float, s: dict[str, Any], max_positions: int) -> tupl
 class Rotary(torch.nn.Module):
     """Precomputes nothing per position: cos/sin come from positions on each call (positions are sparse)."""
 
+    inv_freq: torch.Tensor  # [dim/2], a buffer
+
     def __init__(self, dim: int, theta: float, scaling: dict[str, Any] | None, max_positions: int) -> None:
         super().__init__()
         inv_freq, self.attention_factor = inv_freq_and_scale(dim, theta, scaling, max_positions)

@@ -71,7 +71,8 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str | None]:
+        """None for an id the vocabulary does not have."""
         return [self._backend.id_to_token(int(i)) for i in ids]
 
     def apply_chat_template(
