@@ -43,6 +43,17 @@ def build_engine(settings: WorkerSettings):
         raise SystemExit(f"ferry worker: FERRY_MODEL {settings.model}: {exc}") from None
 
 
+def check_model(model: str) -> None:
+    """Refuse a checkpoint ferry cannot run before touching NATS: its config (a GGUF: its architecture and
+    every tensor's type, read once and kept for the load)."""
+    from ferry.model.config import read_config
+
+    try:
+        read_config(model)
+    except (FileNotFoundError, ValueError) as exc:
+        raise SystemExit(f"ferry worker: FERRY_MODEL {model}: {exc}") from None
+
+
 def make_worker(nc, settings: WorkerSettings, engine, store) -> Worker:
     if settings.role == "both":
         from ferry_services.worker.both import BothWorker
@@ -61,6 +72,7 @@ async def serve(settings: WorkerSettings) -> int:
     """Run one worker until SIGTERM/SIGINT; the exit status."""
     if not settings.model:
         raise SystemExit("ferry worker: FERRY_MODEL must name a checkpoint folder, a .gguf file or smollm2")
+    check_model(settings.model)
     nc = await connect(settings.nats_url, f"worker-{settings.worker_id}")
     await ensure_work_stream(nc.jetstream(), replicas=settings.work_replicas)
     consumer = await open_work_consumer(nc.jetstream(), settings)  # before the (slow) model load
