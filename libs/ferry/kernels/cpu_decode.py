@@ -1,5 +1,6 @@
 """Fused paged decode attention on the CPU: the C++ kernel in csrc/paged_decode.cpp, built on first use
-together with the step's small fused ops (csrc/cpu_layers.cpp, wrapped by cpu_layers.py).
+together with the step's small fused ops (csrc/cpu_layers.cpp, wrapped by cpu_layers.py) and the
+quantized-weight matmul (csrc/quant_linear.cpp, wrapped by quant_linear.py).
 
 The kernel reads each sequence's K/V blocks in place (attention_ref's path gathers them into a copy
 first, which cost more than the attention itself), so decode attention is one pass over the cache.
@@ -26,7 +27,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("csrc") / name for name in ("paged_decode.cpp", "cpu_layers.cpp")]
+SOURCES = [
+    Path(__file__).with_name("csrc") / name for name in ("paged_decode.cpp", "cpu_layers.cpp", "quant_linear.cpp")
+]
 HEADERS = [Path(__file__).with_name("csrc") / "cpu_math.h"]  # included by SOURCES: part of the build's identity
 # reassociation (not -ffast-math: the online softmax relies on -inf) lets reductions use vector trees
 CFLAGS = [

@@ -1,0 +1,43 @@
+"""quant_matmul: x @ W.T for a group-wise quantized W (quant_ref.QuantizedWeight), dequantized on the fly.
+
+CUDA tensors (or FERRY_ATTENTION=triton, which on the CPU needs TRITON_INTERPRET=1) go to the Triton
+kernel (triton_quant.py); fp32 CPU activations to the C++ kernel (csrc/quant_linear.cpp, built with
+the decode kernel, cpu_decode.py); anything else (bf16 activations on the CPU, FERRY_CPU_KERNELS=0, no
+compiler) to the plain-torch reference, which dequantizes the whole weight first.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ferry.kernels.cpu_decode import fused_decode_enabled, kernel
+from ferry.kernels.quant_ref import QuantizedWeight, quant_matmul_ref
+
+_NO_OFFSETS = torch.empty(0)
+
+
+def quant_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] -> [..., N] in x's dtype (accumulated in fp32 by the kernels)."""
+    if x.shape[-1] != qw.in_features:
+        raise ValueError(f"x {tuple(x.shape)}: last dimension must be the weight's {qw.in_features} inputs")
+    from ferry.kernels import use_triton  # the package imports this module
+
+    if use_triton(x):
+        from ferry.kernels.triton_quant import triton_quant_matmul
+
+        return _with_bias(triton_quant_matmul(x.reshape(-1, x.shape[-1]), qw), bias).view(*x.shape[:-1], -1)
+    if x.device.type == "cpu" and x.dtype == torch.float32 and fused_decode_enabled():
+        return _with_bias(cpu_quant_matmul(x.reshape(-1, x.shape[-1]), qw), bias).view(*x.shape[:-1], -1)
+    return quant_matmul_ref(x, qw, bias)
+
+
+def cpu_quant_matmul(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
+    """The C++ kernel: x [M, K] fp32 -> [M, N] fp32."""
+    if kernel() is None:
+        raise RuntimeError("the C++ CPU kernels could not be built (see the warning logged above)")
+    offsets = _NO_OFFSETS if qw.offsets is None else qw.offsets
+    return torch.ops.ferry_cpu.quant_linear(x.contiguous(), qw.qweight, qw.scales, offsets, qw.bits, qw.group_size)
+
+
+def _with_bias(out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return out if bias is None else out.add_(bias.to(out.dtype))
