@@ -26,6 +26,11 @@ class WorkerSettings(ServiceSettings):
     load_interval_s: float = Field(default=1.0, gt=0, description="seconds between load reports")
     device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:1, ...")
     dtype: str = Field(default="", description="model dtype (float32, bfloat16, ...); '' keeps the checkpoint's")
+    weights_dtype: Literal["auto", "float32", "bfloat16", "int8", "int4"] = Field(
+        default="auto",
+        description="how projection weights are held: auto keeps the checkpoint's, int8/int4 quantize them "
+        "group-wise at load (a quarter/an eighth of fp32's bytes per decode step); part of the KV namespace",
+    )
     kv_cache_dtype: Literal["", "float32", "bfloat16", "float16"] = Field(
         default="",
         description="KV cache dtype; '' = the model's. bfloat16 under an fp32 model halves KV memory "

@@ -109,7 +109,7 @@ class CausalLM(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> PagedKVCache:
-        weight = self.lm_head.weight
+        weight = self.model.embed_tokens.weight  # in the model dtype also when lm_head is quantized
         return _attention_class(self.config).make_kv_cache(
             self.config, num_blocks, block_size, device or weight.device, dtype or weight.dtype
         )

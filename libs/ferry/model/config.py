@@ -21,6 +21,9 @@ ARCHITECTURES: dict[str, str] = {
     "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 DTYPES = ("float32", "bfloat16", "float16")
+WEIGHTS_DTYPES = ("auto", "float32", "bfloat16", "int8", "int4")
+"""How projection weights are held (--weights-dtype): 'auto' keeps the checkpoint's (a GGUF's
+quantization), float32/bfloat16 set the model dtype, int8/int4 quantize them at load (quant_linear.py)."""
 
 
 @dataclass(slots=True)
