@@ -8,6 +8,7 @@ import torch
 
 from ferry.kernels import cpu_decode
 from ferry.kernels.quant_linear import cpu_quant_matmul, quant_matmul
+from ferry.kernels.quant_pack import pack_for_cpu
 from ferry.kernels.quant_ref import QuantizedWeight, dequantize, pack_nibbles, quant_matmul_ref, quantize
 
 pytestmark = pytest.mark.unit
@@ -61,9 +62,9 @@ def test_bad_shapes_and_settings_are_refused():
 @pytest.mark.parametrize("rows", [1, 3, 8, 13])  # one pass of each width, and a pass plus a remainder
 def test_cpu_kernel_matches_the_reference(kernel, bits, group_size, rows):
     gen = torch.Generator().manual_seed(bits * 1000 + group_size + rows)
-    w, x = torch.randn(70, 384, generator=gen), torch.randn(rows, 384, generator=gen)
+    w, x = torch.randn(70, 384, generator=gen), torch.randn(rows, 384, generator=gen)  # 70: a partial block
     qw = quantize(w, bits, group_size)
-    torch.testing.assert_close(cpu_quant_matmul(x, qw), quant_matmul_ref(x, qw), atol=2e-4, rtol=1e-5)
+    torch.testing.assert_close(cpu_quant_matmul(x, pack_for_cpu(qw)), quant_matmul_ref(x, qw), atol=2e-4, rtol=1e-5)
 
 
 def test_cpu_kernel_applies_int4_offsets(kernel):
@@ -71,7 +72,7 @@ def test_cpu_kernel_applies_int4_offsets(kernel):
     qw = quantize(torch.randn(33, 128, generator=gen), 4, 32)
     qw.offsets = torch.randn(33, 4, generator=gen)
     x = torch.randn(5, 128, generator=gen)
-    torch.testing.assert_close(cpu_quant_matmul(x, qw), x @ dequantize(qw).T, atol=2e-4, rtol=1e-5)
+    torch.testing.assert_close(cpu_quant_matmul(x, pack_for_cpu(qw)), x @ dequantize(qw).T, atol=2e-4, rtol=1e-5)
 
 
 def test_quant_matmul_keeps_leading_dims_adds_bias_and_falls_back_for_bf16(kernel):

@@ -11,13 +11,15 @@ from __future__ import annotations
 import torch
 
 from ferry.kernels.cpu_decode import fused_decode_enabled, kernel
+from ferry.kernels.quant_pack import CpuPacked, pack_for_cpu
 from ferry.kernels.quant_ref import QuantizedWeight, quant_matmul_ref
 
-_NO_OFFSETS = torch.empty(0)
 
-
-def quant_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] -> [..., N] in x's dtype (accumulated in fp32 by the kernels)."""
+def quant_matmul(
+    x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None, packed: CpuPacked | None = None
+) -> torch.Tensor:
+    """x [..., K] -> [..., N] in x's dtype (accumulated in fp32 by the kernels). packed: qw's copy for the
+    CPU kernel (pack_for_cpu, made once at load); without it the CPU kernel packs on every call."""
     if x.shape[-1] != qw.in_features:
         raise ValueError(f"x {tuple(x.shape)}: last dimension must be the weight's {qw.in_features} inputs")
     from ferry.kernels import use_triton  # the package imports this module
@@ -27,16 +29,18 @@ def quant_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
 
         return _with_bias(triton_quant_matmul(x.reshape(-1, x.shape[-1]), qw), bias).view(*x.shape[:-1], -1)
     if x.device.type == "cpu" and x.dtype == torch.float32 and fused_decode_enabled():
-        return _with_bias(cpu_quant_matmul(x.reshape(-1, x.shape[-1]), qw), bias).view(*x.shape[:-1], -1)
+        out = cpu_quant_matmul(x.reshape(-1, x.shape[-1]), packed or pack_for_cpu(qw))
+        return _with_bias(out, bias).view(*x.shape[:-1], -1)
     return quant_matmul_ref(x, qw, bias)
 
 
-def cpu_quant_matmul(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
+def cpu_quant_matmul(x: torch.Tensor, packed: CpuPacked) -> torch.Tensor:
     """The C++ kernel: x [M, K] fp32 -> [M, N] fp32."""
     if kernel() is None:
         raise RuntimeError("the C++ CPU kernels could not be built (see the warning logged above)")
-    offsets = _NO_OFFSETS if qw.offsets is None else qw.offsets
-    return torch.ops.ferry_cpu.quant_linear(x.contiguous(), qw.qweight, qw.scales, offsets, qw.bits, qw.group_size)
+    return torch.ops.ferry_cpu.quant_linear(
+        x.contiguous(), packed.codes, packed.scales, packed.offsets, packed.bits, packed.group_size, packed.out_features
+    )
 
 
 def _with_bias(out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

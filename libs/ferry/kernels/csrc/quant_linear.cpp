@@ -1,11 +1,18 @@
-// Matmul with group-wise int8 / int4 weights, dequantized in registers: out [M, N] = x [M, K] @ W.T where
-// W's row n, group g is q * scale (int8) or u * scale + offset (int4), the layout of ferry/kernels/quant_ref.py.
+// Matmul with group-wise int8 / int4 weights, dequantized in registers: out [M, N] = x [M, K] @ W.T, W in the
+// column-blocked layout of ferry/kernels/quant_pack.py (built once at load from quant_ref.py's):
+//   int8: codes [N/16, K, 16] int8, scales [N/16, K/G, 16]: for each input k, the 16 codes of a block of
+//         16 output columns sit side by side, so one vector load gives 16 weights for 16 outputs.
+//   int4: codes [N/32, K, 16] uint8, low nibble column j, high nibble column 16 + j of a 32-column block;
+//         scales and offsets [N/32, K/G, 32] (w = u * scale + offset).
+// Per input k: the block's codes are widened, scaled and used by every row of x in the pass (one
+// broadcast and one FMA per row and vector), accumulating whole output vectors: no horizontal sums.
+// Weights are read once per pass; a batch longer than a pass re-reads the block from L1/L2 (K x 16
+// bytes). Threads split the column blocks (at::parallel_for), so each weight byte is read by one thread.
 //
-// A decode step at small batch is bound by streaming the weights from memory; int8 codes are a quarter of
-// fp32's bytes and int4 an eighth. Each weight vector is loaded once, widened to fp32, scaled, and used
-// for up to kRowsPerPass rows of x held in accumulators; a longer batch walks its rows in passes of
-// kRowsPerPass over a block of weight rows that is still in L2. Threads split the weight rows
-// (at::parallel_for), so every byte of the weight is read by one thread only.
+// Why this layout: a decode step at batch 1-8 streams every weight once and does few FLOPs per byte, so
+// what counts is bytes (int8: a quarter of fp32, int4: an eighth) and instructions per weight vector
+// (load+widen, convert, scale, then per row broadcast + FMA); K-major rows needed a horizontal sum per
+// output and row and held fewer outputs in registers.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -14,14 +21,12 @@
 
 #include "cpu_math.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace {
 
 using namespace ferry_cpu;
-
-constexpr int kRowsPerPass = 8;   // x rows sharing each dequantized weight vector: 8 accumulators + 2 loads fit 16 registers
-constexpr int64_t kBlockRows = 32;  // weight rows per block: 32 rows of K <= 4096 int8 codes stay in L2 between passes
 
 typedef int32_t veci __attribute__((vector_size(4 * FERRY_CPU_LANES)));
 
@@ -52,109 +57,169 @@ inline veci load_u8(const uint8_t* p) {
 inline vecf to_vecf(veci v) { return __builtin_convertvector(v, vecf); }
 inline vecf splat(float v) { return vecf{} + v; }
 
-struct Weights {
-  const uint8_t* codes;  // row-major [N, K * kBits / 8]
-  const float* scales;   // [N, K / G]
-  const float* offsets;  // [N, K / G], or nullptr: symmetric int4 (offset -8 * scale)
-  int64_t k;             // input features
+// a * b + c as one FMA instruction: with -fassociative-math GCC otherwise regroups `acc += x * w` over
+// the unrolled loop into multiplies and adds.
+inline vecf fma(vecf a, vecf b, vecf c) {
+#if FERRY_CPU_LANES == 16
+  return reinterpret_cast<vecf>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
+                                                reinterpret_cast<__m512>(c)));
+#elif defined(__FMA__)
+  return reinterpret_cast<vecf>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b),
+                                                reinterpret_cast<__m256>(c)));
+#else
+  return a * b + c;
+#endif
+}
+
+constexpr int kCodeBytes = 16;  // bytes of codes per (block, k): 16 int8 columns, or 32 int4 columns
+// Accumulator registers a pass may use: half of the vector registers (32 zmm with AVX-512, else 16).
+constexpr int kAccRegs = FERRY_CPU_LANES == 16 ? 16 : 8;
+
+template <int kBits>
+struct Layout {
+  static constexpr int kCols = kBits == 8 ? 16 : 32;  // output columns per block
+  static constexpr int kVecs = kCols / kLanes;         // vectors per block row
+  static constexpr int kMaxRows = std::min(8, kAccRegs / kVecs);
 };
 
-// out[m * ldo] = x[m] . W[n] for kRows rows of x (row stride k), one weight row n. Two accumulator sets when
-// few rows: one FMA chain per row would wait on its own latency.
+struct Packed {
+  const uint8_t* codes;
+  const float* scales;
+  const float* offsets;  // int4 only
+  int64_t k;
+};
+
+// Independent accumulator copies a pass keeps so that enough FMA chains run at once to hide the FMA
+// latency (~4 cycles, 2 per cycle): a batch-1 int8 pass has a single chain otherwise, one FMA per 4 cycles.
+template <int kBits, int kRows>
+constexpr int kSplit = kRows * Layout<kBits>::kVecs >= 8 ? 1 : kRows * Layout<kBits>::kVecs >= 4 ? 2
+                       : kRows * Layout<kBits>::kVecs >= 2 ? 4 : 8;
+
+// The block's weight vectors at input k: codes widened, scaled (and offset, int4).
+template <int kBits>
+inline void dequant_row(const uint8_t* row, const vecf* scale, const vecf* offset, vecf* w) {
+  constexpr int kVecs = Layout<kBits>::kVecs;
+  if constexpr (kBits == 8) {
+    for (int c = 0; c < kVecs; ++c) w[c] = to_vecf(load_i8(reinterpret_cast<const int8_t*>(row) + c * kLanes)) * scale[c];
+  } else {
+    for (int c = 0; c < kVecs / 2; ++c) {
+      const veci bytes = load_u8(row + c * kLanes);
+      w[c] = fma(to_vecf(bytes & 15), scale[c], offset[c]);
+      w[c + kVecs / 2] = fma(to_vecf(bytes >> 4), scale[c + kVecs / 2], offset[c + kVecs / 2]);
+    }
+  }
+}
+
+// acc[m][:] = x[m] . W[block] for kRows rows of x (stride ldx), one column block.
 template <int kBits, int kG, int kRows>
-inline void dot_row(const Weights& w, int64_t n, const float* x, float* out, int64_t ldo) {
-  constexpr bool kTwoSets = kRows <= 4;
-  vecf acc[kRows] = {}, acc2[kRows] = {};
-  const int64_t groups = w.k / kG;
-  const uint8_t* row = w.codes + n * (w.k * kBits / 8);
-  const float* scales = w.scales + n * groups;
-  const float* offsets = w.offsets ? w.offsets + n * groups : nullptr;
+inline void block_pass(const Packed& p, int64_t block, const float* x, int64_t ldx, vecf (*acc)[Layout<kBits>::kVecs]) {
+  constexpr int kCols = Layout<kBits>::kCols, kVecs = Layout<kBits>::kVecs, kCopies = kSplit<kBits, kRows>;
+  static_assert(kG % kCopies == 0);
+  const int64_t groups = p.k / kG;
+  const uint8_t* codes = p.codes + block * p.k * kCodeBytes;
+  const float* scales = p.scales + block * groups * kCols;
+  const float* offsets = kBits == 4 ? p.offsets + block * groups * kCols : nullptr;
+  vecf part[kCopies][kRows][kVecs];
+  for (int s = 0; s < kCopies; ++s)
+    for (int m = 0; m < kRows; ++m)
+      for (int c = 0; c < kVecs; ++c) part[s][m][c] = vecf{};
   for (int64_t g = 0; g < groups; ++g) {
-    const vecf scale = splat(scales[g]);
-    const float* xg = x + g * kG;
-    if constexpr (kBits == 8) {
-      const int8_t* q = reinterpret_cast<const int8_t*>(row) + g * kG;
+    vecf scale[kVecs], offset[kVecs];
+    for (int c = 0; c < kVecs; ++c) {
+      scale[c] = loadv(scales + g * kCols + c * kLanes);
+      if constexpr (kBits == 4) offset[c] = loadv(offsets + g * kCols + c * kLanes);
+    }
+#pragma GCC unroll 2
+    for (int64_t k = g * kG; k < (g + 1) * kG; k += kCopies) {
 #pragma GCC unroll 8
-      for (int i = 0; i < kG; i += kLanes) {
-        const vecf wv = to_vecf(load_i8(q + i)) * scale;
-        const bool second = kTwoSets && (i / kLanes) % 2;
-#pragma GCC unroll 8
-        for (int m = 0; m < kRows; ++m) (second ? acc2[m] : acc[m]) += loadv(xg + m * w.k + i) * wv;
-      }
-    } else {
-      const vecf offset = offsets ? splat(offsets[g]) : scale * -8.f;
-      const uint8_t* q = row + g * (kG / 2);
-#pragma GCC unroll 4
-      for (int i = 0; i < kG / 2; i += kLanes) {
-        const veci bytes = load_u8(q + i);
-        const vecf lo = to_vecf(bytes & 15) * scale + offset;  // weights i .. i + kLanes of the group
-        const vecf hi = to_vecf(bytes >> 4) * scale + offset;  // weights kG/2 + i ..
+      for (int s = 0; s < kCopies; ++s) {
+        vecf w[kVecs];
+        dequant_row<kBits>(codes + (k + s) * kCodeBytes, scale, offset, w);
 #pragma GCC unroll 8
         for (int m = 0; m < kRows; ++m) {
-          acc[m] += loadv(xg + m * w.k + i) * lo;
-          (kTwoSets ? acc2[m] : acc[m]) += loadv(xg + m * w.k + kG / 2 + i) * hi;
+          const vecf xb = splat(x[m * ldx + k + s]);
+          for (int c = 0; c < kVecs; ++c) part[s][m][c] = fma(xb, w[c], part[s][m][c]);
         }
       }
     }
   }
-  for (int m = 0; m < kRows; ++m) out[m * ldo] = hsum(acc[m] + acc2[m]);
+  for (int m = 0; m < kRows; ++m)
+    for (int c = 0; c < kVecs; ++c) {
+      acc[m][c] = part[0][m][c];
+      for (int s = 1; s < kCopies; ++s) acc[m][c] += part[s][m][c];
+    }
 }
 
-template <int kBits, int kG>
-void pass_rows(const Weights& w, int64_t n_begin, int64_t n_end, const float* x, int rows, float* out, int64_t ldo) {
-  for (int64_t n = n_begin; n < n_end; ++n) {
-    switch (rows) {
-#define FERRY_ROWS_CASE(R) \
-  case R: dot_row<kBits, kG, R>(w, n, x, out + n, ldo); break;
-      FERRY_ROWS_CASE(1)
-      FERRY_ROWS_CASE(2)
-      FERRY_ROWS_CASE(3)
-      FERRY_ROWS_CASE(4)
-      FERRY_ROWS_CASE(5)
-      FERRY_ROWS_CASE(6)
-      FERRY_ROWS_CASE(7)
-      FERRY_ROWS_CASE(8)
-#undef FERRY_ROWS_CASE
-      default: TORCH_INTERNAL_ASSERT(false);
+template <int kBits, int kG, int kRows>
+void block_rows(const Packed& p, int64_t block, const float* x, float* out, int64_t n) {
+  constexpr int kCols = Layout<kBits>::kCols, kVecs = Layout<kBits>::kVecs;
+  vecf acc[kRows][kVecs];
+  block_pass<kBits, kG, kRows>(p, block, x, p.k, acc);
+  const int64_t col = block * kCols, valid = std::min<int64_t>(kCols, n - col);
+  for (int m = 0; m < kRows; ++m) {
+    if (valid == kCols) {
+      for (int c = 0; c < kVecs; ++c) storev(out + m * n + col + c * kLanes, acc[m][c]);
+    } else {  // the last block of an N that is not a multiple of kCols: its padding columns are dropped
+      float tail[kCols];
+      for (int c = 0; c < kVecs; ++c) storev(tail + c * kLanes, acc[m][c]);
+      std::copy(tail, tail + valid, out + m * n + col);
     }
   }
 }
 
 template <int kBits, int kG>
-void run(const Weights& w, const float* x, int64_t m_rows, int64_t n_rows, float* out) {
-  at::parallel_for(0, n_rows, kBlockRows, [&](int64_t begin, int64_t end) {
-    for (int64_t block = begin; block < end; block += kBlockRows) {
-      const int64_t block_end = std::min(block + kBlockRows, end);
-      for (int64_t m = 0; m < m_rows; m += kRowsPerPass) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRowsPerPass, m_rows - m));
-        pass_rows<kBits, kG>(w, block, block_end, x + m * w.k, rows, out + m * n_rows, n_rows);
+void run(const Packed& p, const float* x, int64_t m_rows, int64_t n, float* out) {
+  constexpr int kMax = Layout<kBits>::kMaxRows;
+  const int64_t blocks = (n + Layout<kBits>::kCols - 1) / Layout<kBits>::kCols;
+  at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      for (int64_t m = 0; m < m_rows; m += kMax) {
+        const float* xm = x + m * p.k;
+        float* om = out + m * n;
+        switch (std::min<int64_t>(kMax, m_rows - m)) {
+#define FERRY_ROWS_CASE(R)                                                        \
+  case R:                                                                         \
+    if constexpr (R <= kMax) block_rows<kBits, kG, R>(p, block, xm, om, n); \
+    break;
+          FERRY_ROWS_CASE(1)
+          FERRY_ROWS_CASE(2)
+          FERRY_ROWS_CASE(3)
+          FERRY_ROWS_CASE(4)
+          FERRY_ROWS_CASE(5)
+          FERRY_ROWS_CASE(6)
+          FERRY_ROWS_CASE(7)
+          FERRY_ROWS_CASE(8)
+#undef FERRY_ROWS_CASE
+          default: TORCH_INTERNAL_ASSERT(false);
+        }
       }
     }
   });
 }
 
-// x [M, K] fp32 contiguous; qweight int8 [N, K] (bits 8) or uint8 [N, K/2] (bits 4); scales, offsets fp32
-// [N, K/G] contiguous (offsets: an empty tensor for none) -> [M, N] fp32.
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
-                        const at::Tensor& offsets, int64_t bits, int64_t group_size) {
+// x [M, K] fp32 contiguous; codes, scales, offsets in the packed layout above (offsets: int4 only, else an
+// empty tensor); n: the real output columns (the packed blocks may be padded) -> [M, n] fp32.
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                        const at::Tensor& offsets, int64_t bits, int64_t group_size, int64_t n) {
   TORCH_CHECK_VALUE(bits == 8 || bits == 4, "bits: ", bits, ", expected 8 or 4");
   TORCH_CHECK_VALUE(group_size == 32 || group_size == 64 || group_size == 128, "group_size: ", group_size);
   TORCH_INTERNAL_ASSERT(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat);
-  TORCH_INTERNAL_ASSERT(qweight.dim() == 2 && qweight.is_contiguous() && scales.is_contiguous());
-  const int64_t m_rows = x.size(0), k = x.size(1), n_rows = qweight.size(0);
-  TORCH_CHECK_VALUE(qweight.size(1) * (8 / bits) == k && k % group_size == 0, "x [", m_rows, ", ", k,
-                    "] does not fit qweight ", qweight.sizes(), " with group_size ", group_size);
-  TORCH_INTERNAL_ASSERT(scales.scalar_type() == at::kFloat && scales.numel() == n_rows * (k / group_size));
-  const bool has_offsets = offsets.numel() > 0;
-  TORCH_INTERNAL_ASSERT(!has_offsets || (bits == 4 && offsets.is_contiguous() && offsets.scalar_type() == at::kFloat &&
-                                         offsets.numel() == scales.numel()));
-  auto out = at::empty({m_rows, n_rows}, x.options());
-  const Weights w{static_cast<const uint8_t*>(qweight.data_ptr()), scales.data_ptr<float>(),
-                  has_offsets ? offsets.data_ptr<float>() : nullptr, k};
+  const int64_t m_rows = x.size(0), k = x.size(1), cols = bits == 8 ? 16 : 32;
+  const int64_t blocks = (n + cols - 1) / cols;
+  TORCH_CHECK_VALUE(codes.dim() == 3 && codes.size(0) == blocks && codes.size(1) == k && codes.size(2) == kCodeBytes &&
+                        k % group_size == 0,
+                    "x [", m_rows, ", ", k, "] does not fit packed codes ", codes.sizes(), " for ", n, " outputs");
+  TORCH_INTERNAL_ASSERT(codes.is_contiguous() && scales.is_contiguous() && scales.scalar_type() == at::kFloat &&
+                        scales.numel() == blocks * (k / group_size) * cols);
+  TORCH_INTERNAL_ASSERT(bits == 8 || (offsets.is_contiguous() && offsets.scalar_type() == at::kFloat &&
+                                      offsets.numel() == scales.numel()));
+  auto out = at::empty({m_rows, n}, x.options());
+  const Packed p{static_cast<const uint8_t*>(codes.data_ptr()), scales.data_ptr<float>(),
+                 bits == 4 ? offsets.data_ptr<float>() : nullptr, k};
   const float* xd = x.data_ptr<float>();
   float* od = out.data_ptr<float>();
 #define FERRY_QUANT_CASE(B, G) \
-  if (bits == B && group_size == G) return run<B, G>(w, xd, m_rows, n_rows, od), out;
+  if (bits == B && group_size == G) return run<B, G>(p, xd, m_rows, n, od), out;
   FERRY_QUANT_CASE(8, 32)
   FERRY_QUANT_CASE(8, 64)
   FERRY_QUANT_CASE(8, 128)
@@ -168,6 +233,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, const at
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(ferry_cpu, m) {
-  m.def("quant_linear(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int bits, int group_size) -> Tensor",
-        &quant_linear);
+  m.def(
+      "quant_linear(Tensor x, Tensor codes, Tensor scales, Tensor offsets, int bits, int group_size, int n) -> Tensor",
+      &quant_linear);
 }
