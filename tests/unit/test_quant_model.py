@@ -4,6 +4,7 @@ weights never share a KV namespace."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -31,7 +32,7 @@ def _prefill_logits(lm, ids: list[int]) -> torch.Tensor:
     num_blocks = -(-len(ids) // 16)
     kv = lm.model.make_kv_cache(num_blocks=num_blocks, block_size=16)
     meta = AttentionMetadata.build([len(ids)], [0], [list(range(num_blocks))], 16)
-    meta.logits_indices = torch.arange(len(ids))
+    meta = dataclasses.replace(meta, logits_indices=torch.arange(len(ids)))
     return lm.model(torch.tensor(ids), torch.arange(len(ids)), meta, kv)
 
 

@@ -46,9 +46,8 @@ def test_triton_int4_offsets_and_the_dispatch(device, monkeypatch):
     qw.offsets = torch.randn(20, 2, generator=gen)
     qw = _to(qw, device)
     x = torch.randn(2, 3, 64, generator=gen).to(device)
-    monkeypatch.setenv("FERRY_ATTENTION", "triton")  # the switch that sends CPU tensors to the kernels
     tol = dict(atol=2e-2, rtol=2e-3) if device == "cuda" else dict(atol=2e-4, rtol=1e-5)
-    torch.testing.assert_close(quant_matmul(x, qw), x @ dequantize(qw).T, **tol)
+    torch.testing.assert_close(quant_matmul(x, qw, backend="triton"), x @ dequantize(qw).T, **tol)
 
 
 def test_triton_wrapper_rejects_a_bad_shape():

@@ -6,12 +6,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ferry.kernels import ATTENTION_BACKENDS
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
 from ferry.model.cpu_linear import Linear
 from ferry.model.dense_attention import GQAttention
 from ferry.model.kv_cache import PagedKVCache
 from ferry.model.layers import GatedMLP, RMSNorm
+from ferry.model.quant_linear import QuantLinear
 from ferry.model.rope import Rotary
 
 
@@ -67,11 +69,24 @@ class CausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self.rotary = make_rotary(cfg)
+        self.attention_backend = "cpu"
 
     def tie_weights(self) -> None:
         """Shares the embedding with lm_head when the config says so (again after to_empty, which unties)."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def set_attention_backend(self, backend: str) -> None:
+        """Every attention layer runs backend (one of ATTENTION_BACKENDS, see ferry.kernels.backend) from
+        now on: chosen once, not per call."""
+        if backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention backend: {backend!r}, expected one of {ATTENTION_BACKENDS}")
+        for layer in self.model.layers:
+            layer.self_attn.backend = backend
+        for module in self.modules():  # quantized weight matmuls pick their kernel the same way
+            if isinstance(module, QuantLinear):
+                module.backend = backend
+        self.attention_backend = backend
 
     def fuse_projections(self) -> None:
         """After loading: q/k/v and gate/up each become one matmul (parameters become slices)."""

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import torch
 
+from ferry.dtypes import WEIGHTS_DTYPES, torch_dtype
+from ferry.kernels import resolve_attention
 from ferry.kernels.quant_ref import DEFAULT_GROUP_SIZE
 from ferry.model.causal_lm import CausalLM, make_rotary
-from ferry.model.config import WEIGHTS_DTYPES, ModelConfig, read_config
+from ferry.model.config import ModelConfig, read_config
 from ferry.model.kv_cache import KV_LAYOUT_VERSION
 from ferry.model.quant_linear import QUANT_BITS, quantize_linears
 from ferry.model.tokenizer import Tokenizer
 from ferry.model.weights import load_weights, weights_digest
-
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(slots=True)
@@ -58,22 +58,24 @@ def load_model(
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: not a checkpoint folder")
     config = read_config(path)
-    torch_dtype = _torch_dtype(_model_dtype(dtype, weights_dtype) or config.dtype)
+    model_dtype = _torch_dtype(_model_dtype(dtype, weights_dtype) or config.dtype)
     tokenizer = Tokenizer.from_dir(path)
     with torch.device("meta"):
         model = CausalLM(config)
-    model = model.to_empty(device=device).to(torch_dtype)
+    # cast on the meta device (free), then allocate: memory is taken once, in the target dtype
+    model = model.to(model_dtype).to_empty(device=device)
     model.tie_weights()
     model.rotary = make_rotary(config).to(device)  # meta init left the frequencies empty
     load_weights(model, path)
     model.fuse_projections()
-    held = str(torch_dtype).removeprefix("torch.")
+    held = str(model_dtype).removeprefix("torch.")
     if weights_dtype in QUANT_BITS:
         quantize_linears(model, QUANT_BITS[weights_dtype], DEFAULT_GROUP_SIZE)
         held = f"{weights_dtype}g{DEFAULT_GROUP_SIZE}-{held}"  # codes, group size and activation dtype
     if torch.device(device).type == "cpu":
         model.prepack_cpu_weights()
     model.eval()
+    model.set_attention_backend(resolve_attention(device))  # the engine sets its own (EngineConfig.attention)
     fingerprint = hashlib.sha256(
         f"{config.arch}|{held}|kv{KV_LAYOUT_VERSION}|{config.config_hash()}|{weights_digest(path)}".encode()
     ).hexdigest()[:24]
@@ -85,7 +87,7 @@ def load_model(
         is_random=config.is_random,
         fingerprint=f"{config.arch}-{held}-{fingerprint}",
         path=path,
-        weights_dtype=weights_dtype if weights_dtype in QUANT_BITS else str(torch_dtype).removeprefix("torch."),
+        weights_dtype=weights_dtype if weights_dtype in QUANT_BITS else str(model_dtype).removeprefix("torch."),
     )
 
 
@@ -103,9 +105,7 @@ def _model_dtype(dtype: str | torch.dtype | None, weights_dtype: str) -> str | t
 def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype not in TORCH_DTYPES:
-        raise ValueError(f"dtype: unsupported {dtype!r}, expected one of {sorted(TORCH_DTYPES)}")
-    return TORCH_DTYPES[dtype]
+    return torch_dtype(dtype)
 
 
 def _eos_ids(path: Path, config: ModelConfig, tokenizer: Tokenizer) -> list[int]:

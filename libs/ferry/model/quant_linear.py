@@ -44,6 +44,8 @@ class QuantLinear(nn.Module):
         return self.qw.out_features
 
     packed: CpuPacked | None = None
+    backend: str | None = None
+    """One of ATTENTION_BACKENDS, set with the attention layers' (CausalLM.set_attention_backend)."""
 
     def prepack(self) -> None:
         """On the CPU: the C++ kernel's column-blocked copy (quant_pack.py), beside the row-major codes that
@@ -52,7 +54,7 @@ class QuantLinear(nn.Module):
             self.packed = pack_for_cpu(self.qw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        return quant_matmul(x, self.qw, self.bias, self.packed)
+        return quant_matmul(x, self.qw, self.bias, self.packed, self.backend)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, bits={self.qw.bits}, group={self.qw.group_size}"
