@@ -57,6 +57,52 @@ def weight_bytes(lm) -> int:
     return dense + fused + quantized_bytes(lm.model)
 
 
+QUALITY_TEXT = (
+    "The river town woke slowly. Fishermen pulled their boats onto the gravel while the baker opened "
+    "the shutters and set out the first loaves of the day. Children ran past the church towards the "
+    "school, where the teacher was writing the date on the blackboard and a short list of words to "
+    "learn: harbour, lantern, weather, patience. In the afternoon a storm came in from the sea. The "
+    "wind bent the poplars along the road, rain drummed on the roofs, and the ferry that crossed the "
+    "estuary twice an hour stayed tied to its pier. Nobody minded much; the market would open again "
+    "tomorrow, the nets could be mended indoors, and the old men in the cafe had a new subject for "
+    "their endless arguments. By evening the clouds broke apart, the light turned gold over the "
+    "water, and the first lamps were lit in the windows of the houses on the hill. A cat watched the "
+    "gulls from a wall, the baker counted the coins in his drawer, and the ferryman, finally free to "
+    "work, carried a doctor, two students and a crate of oranges to the other side. Later, when the "
+    "stars were out, the teacher sat at her kitchen table marking notebooks, smiling at a drawing of "
+    "a lighthouse that one of the children had made in the margin of a page of sums."
+)
+"""A fixed English text (ours) for the teacher-forced quality check: its first 256 tokens are fed."""
+
+
+def all_position_logits(lm, ids: list[int]) -> torch.Tensor:
+    """Teacher forcing: one prefill of ids -> float32 logits [T, vocab] of the next token at every position."""
+    import dataclasses
+
+    from ferry.model import AttentionMetadata
+
+    num_blocks = -(-len(ids) // 16)
+    kv = lm.model.make_kv_cache(num_blocks=num_blocks, block_size=16)
+    meta = AttentionMetadata.build([len(ids)], [0], [list(range(num_blocks))], 16)
+    meta = dataclasses.replace(meta, logits_indices=torch.arange(len(ids)))
+    return lm.model(torch.tensor(ids), torch.arange(len(ids)), meta, kv)
+
+
+def agreement(ref: torch.Tensor, got: torch.Tensor) -> dict:
+    """Next-token agreement of two [T, vocab] logits: argmax equal rate and mean KL(ref || got) in nats."""
+    log_ref, log_got = ref.log_softmax(-1), got.log_softmax(-1)
+    kl = (log_ref.exp() * (log_ref - log_got)).sum(-1)
+    return {"argmax_equal_rate": float((ref.argmax(-1) == got.argmax(-1)).float().mean()), "mean_kl": float(kl.mean())}
+
+
+def quality(models: dict, num_tokens: int = 256) -> dict:
+    """Teacher-forced on QUALITY_TEXT's first num_tokens tokens: each quantized side against float32."""
+    ids = models["float32"].tokenizer.encode(QUALITY_TEXT)[:num_tokens]
+    assert len(ids) == num_tokens, f"QUALITY_TEXT has only {len(ids)} tokens"
+    ref = all_position_logits(models["float32"], ids)
+    return {name: agreement(ref, all_position_logits(lm, ids)) for name, lm in models.items() if name != "float32"}
+
+
 def run_batch(models: dict, batch: int, args: argparse.Namespace, vocab: int) -> dict:
     gen = torch.Generator().manual_seed(batch)
     prompts = torch.randint(0, vocab, (batch, args.context), generator=gen)
@@ -148,6 +194,7 @@ def main() -> int:
             "run_s": time.time() - started,
         },
         "weight_bytes_streamed_per_step": {name: weight_bytes(lm) for name, lm in models.items()},
+        "teacher_forced_vs_float32_256_tokens": quality(models),
         "fingerprints": {name: lm.fingerprint for name, lm in models.items()},
         "batches": rows,
     }
