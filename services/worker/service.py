@@ -35,6 +35,7 @@ def build_engine(settings: WorkerSettings):
         role=settings.role,
         device=settings.device,
         dtype=settings.dtype or None,
+        weights_dtype=settings.weights_dtype,
         kv_cache_dtype=settings.kv_cache_dtype or None,
     )
     try:

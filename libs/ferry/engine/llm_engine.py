@@ -59,13 +59,14 @@ class LLMEngine:
     @classmethod
     def from_model_path(cls, path: str | Path, config: EngineConfig | None = None) -> LLMEngine:
         config = config or EngineConfig()
-        return cls(load_model(path, device=config.device, dtype=config.dtype), config)
+        lm = load_model(path, device=config.device, dtype=config.dtype, weights_dtype=config.weights_dtype)
+        return cls(lm, config)
 
     @property
     def kv_namespace(self) -> str:
         """Where this engine's KV blocks live in the KV store: the model fingerprint, plus the cache's
         dtype when that differs from the model's (such blocks only load into a cache of that dtype)."""
-        kv_dtype, model_dtype = self.runner.kv.dtype, self.lm.model.lm_head.weight.dtype
+        kv_dtype, model_dtype = self.runner.kv.dtype, self.lm.model.model.embed_tokens.weight.dtype
         if kv_dtype == model_dtype:
             return self.lm.fingerprint
         return f"{self.lm.fingerprint}-kv-{str(kv_dtype).removeprefix('torch.')}"
