@@ -36,7 +36,9 @@ def build_engine(settings: WorkerSettings):
         dtype=settings.dtype or None,
         kv_cache_dtype=settings.kv_cache_dtype or None,
     )
-    return LLMEngine.from_model_path(settings.model, config)
+    engine = LLMEngine.from_model_path(settings.model, config)
+    engine.warmup()  # kernels compiled and decode graphs captured before the first pull
+    return engine
 
 
 def make_worker(nc, settings: WorkerSettings, engine, store) -> Worker:
