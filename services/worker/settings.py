@@ -2,25 +2,41 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field, field_validator
 
 from ferry.dtypes import check_dtype_name
+from ferry.model.source import served_name
 from ferry.settings import ServiceSettings, default_instance_id
 
 
 class WorkerSettings(ServiceSettings):
-    role: str = Field(default="prefill", pattern=r"^(prefill|decode)$", description="prefill or decode")
-    model: str = Field(default="", description="checkpoint folder (config.json + safetensors + tokenizer)")
+    role: str = Field(
+        default="prefill",
+        pattern=r"^(prefill|decode|both)$",
+        description="prefill, decode, or both: prefill work decoded by the same worker (no hand-off)",
+    )
+    model: str = Field(
+        default="", description="checkpoint folder (config.json + safetensors + tokenizer), .gguf file or smollm2"
+    )
     served_model_name: str = Field(default="", description="model name clients use; default: folder name")
     worker_id: str = Field(
         default_factory=default_instance_id,
         pattern=r"^[A-Za-z0-9_-]+$",
         description="names this worker's subjects and consumer; unique per replica",
     )
+    kv_writeback: bool = Field(
+        default=True,
+        description="decode: when a sequence finishes, write the full blocks it added (its output) to the KV "
+        "store, so the next turn of the conversation finds its whole history there",
+    )
     num_kv_blocks: int = Field(default=1024, ge=1, description="blocks in this worker's KV pool")
     block_size: int = Field(default=16, ge=1, description="tokens per KV block")
+    host_kv_blocks: int = Field(
+        default=256,
+        ge=0,
+        description="host tier: blocks evicted from the KV pool kept in host memory (pinned on a GPU) "
+        "and loaded back instead of fetched or recomputed; prefetched blocks land here too; 0 = off",
+    )
     max_running: int = Field(default=64, ge=1, description="most sequences in the engine at once")
     max_batch_tokens: int = Field(default=2048, ge=1, description="token budget of one engine step")
     load_interval_s: float = Field(default=1.0, gt=0, description="seconds between load reports")
@@ -49,6 +65,11 @@ class WorkerSettings(ServiceSettings):
         return value and check_dtype_name(value, "kv_cache_dtype")
 
     @property
+    def work_role(self) -> str:
+        """The role whose work subjects, consumer and load reports this worker uses ('both' pulls prefill work)."""
+        return "prefill" if self.role == "both" else self.role
+
+    @property
     def model_name(self) -> str:
         """The name clients send in `model` (the gateway's default is the same folder name)."""
-        return self.served_model_name or Path(self.model).name or "ferry"
+        return self.served_model_name or served_name(self.model) or "ferry"

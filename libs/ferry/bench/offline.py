@@ -91,6 +91,12 @@ class OfflineConfig:
     device: str = "cpu"
     """Where the engine systems run ('cuda' for ops/gpu/check.sh); transformers stays on the CPU."""
 
+    @property
+    def basis(self) -> str:
+        """rate_basis as __post_init__ resolved it."""
+        assert self.rate_basis is not None
+        return self.rate_basis
+
     def __post_init__(self) -> None:
         unknown = set(self.systems) - set(SYSTEMS)
         if unknown or not self.systems:
@@ -137,9 +143,7 @@ def run_offline(cfg: OfflineConfig) -> dict:
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     path = cfg.out_dir / "report.json"
     path.write_text(json.dumps(report, indent=2, default=str))  # first: the figures survive a missing matplotlib
-    report["plots"] = write_plots(
-        cfg.out_dir, results, online, cfg.rate_basis, equal_kv, (cfg.kv_budget_tokens, cfg.kv_budget_max_num_seqs)
-    )
+    report["plots"] = write_plots(cfg.out_dir, results, online, cfg.basis, equal_kv, _kv_budget(cfg))
     path.write_text(json.dumps(report, indent=2, default=str))
     return report
 
@@ -156,13 +160,18 @@ def _engine_config(
     )
 
 
+def _kv_budget(cfg: OfflineConfig) -> tuple[int, int] | None:
+    """(KV pool tokens, batch cap) of the equal-KV-memory runs, if any."""
+    return None if cfg.kv_budget_tokens is None else (cfg.kv_budget_tokens, cfg.kv_budget_max_num_seqs)
+
+
 def _run_online(cfg: OfflineConfig, lm: LoadedModel, offline: dict[str, dict]) -> list[OnlineRun]:
     """Each rate fraction of the rate basis's offline capacity, every engine system side by side."""
     if not cfg.rate_fractions:
         return []
     wl = WorkloadConfig(**{**asdict(cfg.workload), "num_requests": cfg.online_requests, "seed": cfg.workload.seed + 1})
     requests = make_workload(wl)
-    capacity_rps = offline[cfg.rate_basis]["requests_per_s"]
+    capacity_rps = offline[cfg.basis]["requests_per_s"]
     runs = []
     for fraction in cfg.rate_fractions:
         arrivals = poisson_arrivals(len(requests), fraction * capacity_rps, wl.seed)
@@ -191,7 +200,7 @@ def _report(
     equal_kv: dict[str, RunResult] | None,
 ) -> dict:
     ratios = offline_ratios(offline)
-    rows = online_rows(online, cfg.rate_basis, offline)
+    rows = online_rows(online, cfg.basis, offline)
     for key in ("p99_e2e_reduction_vs_static", "p99_e2e_reduction_vs_static_padded"):
         if rows and key in rows[0]:
             ratios[f"moderate_rate_{key}"] = rows[0][key]

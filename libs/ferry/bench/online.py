@@ -318,7 +318,6 @@ def add_url_arguments(parser) -> None:
     g.add_argument(
         "--length-control",
         choices=LENGTH_CONTROLS,
-        default="extra",
         help="how to ask for exact output lengths: extra = ignore_eos/min_tokens (ferry, vLLM); "
         "hf-generation-config = transformers serve; none",
     )

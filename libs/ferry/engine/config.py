@@ -43,6 +43,9 @@ class EngineConfig:
     model halves the memory per cached token and the bytes CPU decode attention reads (the fused kernel
     widens rows in registers and still computes in fp32); keys and values are rounded to bf16 once, when
     written. Blocks then live in their own KV-store namespace (LLMEngine.kv_namespace)."""
+    host_cache_blocks: int = 0
+    """Host tier: up to this many blocks evicted from the KV pool are kept in host memory (pinned on
+    a GPU) and loaded back at admission instead of recomputed or fetched (engine/host_tier.py); 0 = off."""
     seed: int = 0
     """Seed of the engine's generator for requests without their own seed."""
     detokenize: bool = True
@@ -78,6 +81,7 @@ class EngineConfig:
             self.max_num_batched_tokens,
             f"must be >= max_num_seqs ({self.max_num_seqs})",
         )
+        _require(self.host_cache_blocks >= 0, "host_cache_blocks", self.host_cache_blocks, "must be >= 0")
         _require(self.batching in BATCHING_MODES, "batching", self.batching, f"must be one of {BATCHING_MODES}")
         _require(self.role in ENGINE_ROLES, "role", self.role, f"must be one of {ENGINE_ROLES}")
         _require(

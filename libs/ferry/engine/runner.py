@@ -42,6 +42,13 @@ class ModelRunner:
         if self.attention_backend == "cpu":
             fused_decode_enabled()  # builds (or loads) the CPU kernel now, not during the first request's step
 
+    def idle(self) -> None:
+        """A step with nothing scheduled here: layers that exchange tokens with other ranks (expert
+        parallelism) run their collectives with no tokens, so the group's other ranks are not stuck."""
+        for module in self.lm.model.modules():
+            if hasattr(module, "idle"):
+                module.idle()
+
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """-> [B, vocab] float32 logits of each scheduled sequence's last new token."""
         input_ids: list[int] = []

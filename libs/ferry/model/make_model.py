@@ -138,6 +138,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _token_id(tok, token: str) -> int:
+    token_id = tok.token_to_id(token)
+    assert token_id is not None, f"{token!r}: not in the trained vocabulary"  # the trainer adds every special token
+    return token_id
+
+
 def hf_config(arch: str, size: str, vocab_ids: dict[str, int], dtype: str = "float32") -> dict[str, Any]:
     if arch not in ARCH_NAMES:
         raise ValueError(f"arch: unsupported {arch!r}, expected one of {sorted(ARCH_NAMES)}")
@@ -187,12 +193,8 @@ def make_model(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tok = bpe.train_tokenizer(SIZES[size]["vocab_size"])
-    ids = {
-        "bos": tok.token_to_id(bpe.BOS),
-        "eos": tok.token_to_id(bpe.EOS),
-        "pad": tok.token_to_id(bpe.PAD),
-        "im_end": tok.token_to_id(bpe.IM_END),
-    }
+    specials = {"bos": bpe.BOS, "eos": bpe.EOS, "pad": bpe.PAD, "im_end": bpe.IM_END}
+    ids = {name: _token_id(tok, token) for name, token in specials.items()}
     config = hf_config(arch, size, ids, dtype)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     generation = dict(bos_token_id=ids["bos"], eos_token_id=[ids["eos"], ids["im_end"]], pad_token_id=ids["pad"])
