@@ -39,9 +39,11 @@ def build_engine(settings: WorkerSettings):
         kv_cache_dtype=settings.kv_cache_dtype or None,
     )
     try:
-        return LLMEngine.from_model_path(settings.model, config)
+        engine = LLMEngine.from_model_path(settings.model, config)
     except (FileNotFoundError, ValueError) as exc:  # a bad checkpoint: one clear line, no traceback
         raise SystemExit(f"ferry worker: FERRY_MODEL {settings.model}: {exc}") from None
+    engine.warmup()  # kernels compiled and decode graphs captured before the first pull
+    return engine
 
 
 def check_model(model: str) -> None:

@@ -122,6 +122,7 @@ def engine_turns(
     engine queues it), or, for 'static_padded', held until the engine is idle and then admitted
     with the others that arrived as one padded batch (static_batch)."""
     engine = LLMEngine(lm, config)
+    engine.warmup()  # as a worker does before it takes work: no kernel build or graph capture in the timing
     _warm_up(engine)
     before = engine.stats()
     wanted = {r.index: r.max_tokens for r in requests}

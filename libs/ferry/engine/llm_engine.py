@@ -33,7 +33,9 @@ class LLMEngine:
         self.lm = lm
         self.config = config = config or EngineConfig()
         num_blocks = config.num_kv_blocks or self._blocks_for_memory(lm, config)
-        self.runner = ModelRunner(lm, num_blocks, config.block_size, config.device, _kv_dtype(config), config.attention)
+        self.runner = ModelRunner(
+            lm, num_blocks, config.block_size, config.device, _kv_dtype(config), config.attention, config.max_num_seqs
+        )
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -55,6 +57,11 @@ class LLMEngine:
         self._num_computed_tokens = self._num_steps = self._num_generated = self._num_scheduled = 0
         self.last_step: StepRecord | None = None
         """What the latest non-empty step ran and how long it took (the step-time model learns from it)."""
+
+    def warmup(self) -> None:
+        """Compile / build the kernels and capture the decode graphs now, before the engine takes work
+        (the worker calls it before it pulls its first request)."""
+        self.runner.warmup()
 
     @classmethod
     def from_model_path(cls, path: str | Path, config: EngineConfig | None = None) -> LLMEngine:
