@@ -29,8 +29,8 @@ def build_engine(settings: WorkerSettings):
     config = EngineConfig(
         block_size=settings.block_size,
         num_kv_blocks=settings.num_kv_blocks,
-        max_num_seqs=settings.max_running,
-        max_num_batched_tokens=max(settings.max_batch_tokens, settings.max_running),
+        max_num_seqs=settings.max_num_seqs or settings.max_running,
+        max_num_batched_tokens=max(settings.max_batch_tokens, settings.max_num_seqs or settings.max_running),
         role=settings.role,
         device=settings.device,
         dtype=settings.dtype or None,

@@ -23,6 +23,18 @@ class WorkerSettings(ServiceSettings):
     block_size: int = Field(default=16, ge=1, description="tokens per KV block")
     max_running: int = Field(default=64, ge=1, description="most sequences in the engine at once")
     max_batch_tokens: int = Field(default=2048, ge=1, description="token budget of one engine step")
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        description="a fixed running-sequence cap: no SLO controller (unset: max_running, adaptive when "
+        "FERRY_TPOT_SLO_MS is set)",
+    )
+    tpot_slo_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="inter-token latency target; > 0 turns on the SLO controller (cap and chunk budget per step)",
+    )
+    ttft_slo_ms: float = Field(default=2000.0, gt=0, description="time-to-first-token target of the SLO controller")
     load_interval_s: float = Field(default=1.0, gt=0, description="seconds between load reports")
     device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:1, ...")
     dtype: str = Field(default="", description="model dtype (float32, bfloat16, ...); '' keeps the checkpoint's")
@@ -42,6 +54,11 @@ class WorkerSettings(ServiceSettings):
         "(decode) or given back to the gateway to resubmit (prefill); keep it a few seconds under the orchestrator's "
         "stop grace period (compose stop_grace_period, k8s terminationGracePeriodSeconds)",
     )
+
+    @property
+    def is_adaptive(self) -> bool:
+        """The SLO controller sets the cap and chunk budget (a TPOT target, no fixed cap)."""
+        return self.tpot_slo_ms > 0 and self.max_num_seqs is None
 
     @property
     def model_name(self) -> str:

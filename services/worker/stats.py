@@ -6,7 +6,8 @@ is one request on the `work` input, its processing time runs from the pull to it
 nak or term, whichever comes first: how long the work stayed here), and a message that did not
 decode (the consumer logs and terminates it) is one error. The input's `data` carries what the
 engine did and holds: steps, tokens generated, mean batch size, running / waiting sequences, the
-JetStream backlog and KV-cache usage.
+JetStream backlog and KV-cache usage, and `slo`: the batch cap in force and, with the SLO
+controller on, its step-time model, chunk budget, forecast and desired replicas.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class WorkStats:
             "kv_blocks_total": report.kv_blocks_total,
             "kv_usage": round(report.kv_usage, 4),
             "draining": report.draining,
+            "slo": self.worker.slo.snapshot(self.worker.engine),
         }
 
 
