@@ -32,6 +32,7 @@ are a public interface: add new ones freely, never rename or relabel an existing
 | ferry_desired_replicas | gauge | role | workers: replicas of their role the forecast needs within the SLOs |
 | ferry_forecast_requests_per_second | gauge | source, kind | gateway: arrivals now (rate), forecast peak (forecast) |
 | ferry_slo_requests_total | counter | outcome | gateway: finished requests by SLO outcome (see below) |
+| ferry_model_info | gauge | role, model, arch, weights_dtype, checkpoint_dtype | workers: 1 for the model they serve |
 
 Migration reasons: worker_silent (no load reports), tokens_missing, bus_reconnect (the gateway's own
 bus), worker_lost (a worker said so). A request that runs out of attempts counts as an error too.
@@ -40,6 +41,8 @@ Step model terms (ferry.slo.step_model): overhead, per_seq, per_100_prefill_toke
 per_1000_context_tokens, residual, predicted_step (the step at the cap in force, p90). SLO outcomes
 (FERRY_TPOT_SLO_MS / FERRY_TTFT_SLO_MS at the gateway): met, ttft_missed, tpot_missed, both_missed;
 attainment = rate(met) / rate(all outcomes).
+ferry_model_info's weights_dtype is what the weight matmuls hold (float32, bfloat16, int8, ...);
+checkpoint_dtype what the checkpoint stores (a GGUF's Q4_1, Q8_0, ...; a folder's torch dtype).
 
 Hit rates are ratios of counter rates, e.g.
 `rate(ferry_prefix_cache_hits_total[5m]) / rate(ferry_prefix_cache_queries_total[5m])`.
@@ -102,6 +105,11 @@ DESIRED_REPLICAS = Gauge(
 )
 FORECAST_RPS = Gauge("ferry_forecast_requests_per_second", "Arrival rate now and forecast peak.", ["source", "kind"])
 SLO_REQUESTS = Counter("ferry_slo_requests", "Finished requests by SLO outcome.", ["outcome"])
+MODEL_INFO = Gauge(
+    "ferry_model_info",
+    "1 for the model a worker serves: name, architecture, weights dtype of its matmuls, the checkpoint's dtype.",
+    ["role", "model", "arch", "weights_dtype", "checkpoint_dtype"],
+)
 
 ALL_METRICS = (
     REQUESTS_RUNNING,
@@ -130,13 +138,14 @@ ALL_METRICS = (
     DESIRED_REPLICAS,
     FORECAST_RPS,
     SLO_REQUESTS,
+    MODEL_INFO,
 )
 """Every ferry metric object, for tests and for the dashboard check."""
 
 
 def metric_names() -> list[str]:
     """Exposed base names (counters without their `_total` suffix, as prometheus_client keeps them)."""
-    return [m.describe()[0].name for m in ALL_METRICS]
+    return [next(iter(m.describe())).name for m in ALL_METRICS]
 
 
 def start_metrics_server(port: int, addr: str = "0.0.0.0") -> WSGIServer | None:

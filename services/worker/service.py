@@ -1,4 +1,4 @@
-"""worker: runs the engine for one role (`FERRY_ROLE=prefill|decode`).
+"""worker: runs the engine for one role (`FERRY_ROLE=prefill|decode|both`; both: see both.py).
 
 Reads `ferry.work.<role>.<id>` (JetStream FERRY_WORK, durable pull consumer `<role>-<id>`) and
 `ferry.cancel`; writes `ferry.out.<gateway>` (token events, one OutputBatch per gateway per
@@ -29,6 +29,7 @@ def build_engine(settings: WorkerSettings):
     config = EngineConfig(
         block_size=settings.block_size,
         num_kv_blocks=settings.num_kv_blocks,
+        host_cache_blocks=settings.host_kv_blocks,
         max_num_seqs=settings.max_num_seqs or settings.max_running,
         max_num_batched_tokens=max(settings.max_batch_tokens, settings.max_num_seqs or settings.max_running),
         role=settings.role,
@@ -36,10 +37,17 @@ def build_engine(settings: WorkerSettings):
         dtype=settings.dtype or None,
         kv_cache_dtype=settings.kv_cache_dtype or None,
     )
-    return LLMEngine.from_model_path(settings.model, config)
+    try:
+        return LLMEngine.from_model_path(settings.model, config)
+    except (FileNotFoundError, ValueError) as exc:  # a bad checkpoint: one clear line, no traceback
+        raise SystemExit(f"ferry worker: FERRY_MODEL {settings.model}: {exc}") from None
 
 
 def make_worker(nc, settings: WorkerSettings, engine, store) -> Worker:
+    if settings.role == "both":
+        from ferry_services.worker.both import BothWorker
+
+        return BothWorker(nc, settings, engine, store)
     if settings.role == "prefill":
         from ferry_services.worker.prefill import PrefillWorker
 
@@ -52,7 +60,7 @@ def make_worker(nc, settings: WorkerSettings, engine, store) -> Worker:
 async def serve(settings: WorkerSettings) -> int:
     """Run one worker until SIGTERM/SIGINT; the exit status."""
     if not settings.model:
-        raise SystemExit("ferry worker: FERRY_MODEL must name a checkpoint folder")
+        raise SystemExit("ferry worker: FERRY_MODEL must name a checkpoint folder, a .gguf file or smollm2")
     nc = await connect(settings.nats_url, f"worker-{settings.worker_id}")
     await ensure_work_stream(nc.jetstream(), replicas=settings.work_replicas)
     consumer = await open_work_consumer(nc.jetstream(), settings)  # before the (slow) model load

@@ -15,14 +15,23 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offline", action="store_true", help="benchmark the engine in-process (needs --model)")
-    parser.add_argument("--model", help="checkpoint folder (offline mode; also sizes the workload's vocabulary)")
+    parser.add_argument(
+        "--model", help="checkpoint folder, .gguf file or smollm2 (offline mode; also sizes the workload's vocabulary)"
+    )
     parser.add_argument("--out", type=Path, help="report folder (default ops/bench/<mode>/<UTC time>)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     w = parser.add_argument_group("workload (shared/BENCHMARKS.md, seeded)")
-    w.add_argument("--num-requests", type=int, default=128)
+    w.add_argument(
+        "--workload",
+        choices=("default", "burst"),
+        default="default",
+        help="burst: issue #22's burst (48 requests, prompts 16..600, sent at once, no ignore_eos: "
+        "--length-control none); the options below override it",
+    )
+    w.add_argument("--num-requests", type=int, help="default 128 (burst: 48)")
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--prompt-len-median", type=int, default=100)
-    w.add_argument("--max-prompt-len", type=int, default=1024)
+    w.add_argument("--max-prompt-len", type=int, help="default 1024 (burst: 600)")
     w.add_argument("--output-lens", default="16,32,64,128,128,256", help="drawn uniformly (default %(default)s)")
     w.add_argument("--shared-prefix-len", type=int, default=0, help="tokens every prompt shares (0 = none)")
     w.add_argument("--vocab-size", type=int, help="prompt token ids are < this (default: the model's, else 2048)")
@@ -51,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--kv-budget-max-num-seqs", type=int, default=128, help="default %(default)s")
     o.add_argument("--online-requests", type=int, default=64)
     o.add_argument("--threads", type=int, default=2, help="torch threads (default %(default)s)")
+    o.add_argument("--device", default="cpu", help="engine device: cpu, cuda, cuda:N (default %(default)s)")
     t = parser.add_argument_group("SLO trace bench (--offline --trace): adaptive batch cap vs fixed caps")
     t.add_argument("--trace", help="'day-night' (seeded, compressed diurnal load) or a Mooncake/Azure trace file")
     t.add_argument("--tpot-slo-ms", type=float, default=50.0, help="default %(default)s")
@@ -63,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ferry.bench.online import add_url_arguments
 
     add_url_arguments(parser)  # adds --url and its options
+    from ferry.bench.multiturn_run import add_arguments as add_multiturn_arguments
+
+    add_multiturn_arguments(parser)  # adds --multi-turn and its options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,21 +87,32 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ferry.bench.workload import WorkloadConfig
+    from ferry.bench.workload import BURST_LENGTH_CONTROL, named_workload
 
+    if args.multi_turn:
+        from ferry.bench.multiturn_run import run_multiturn
+
+        out = args.out or Path("ops/bench/multiturn") / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        return run_multiturn(args, out)
     if bool(args.offline) == bool(args.url):
         raise ValueError("choose one mode: --offline (engine in-process) or --url URL (a server)")
-    if args.model and not Path(args.model).is_dir():
-        raise ValueError(f"--model {args.model}: no such checkpoint folder")
-    workload = WorkloadConfig(
-        num_requests=args.num_requests,
+    from ferry.model.source import model_problem
+
+    problem = model_problem(args.model) if args.model else None
+    if problem:
+        raise ValueError(f"--model {args.model}: {problem}")
+    given = {"num_requests": args.num_requests, "max_prompt_len": args.max_prompt_len}
+    workload = named_workload(
+        args.workload,
+        **{k: v for k, v in given.items() if v is not None},
         seed=args.seed,
         prompt_len_median=args.prompt_len_median,
-        max_prompt_len=args.max_prompt_len,
         output_lens=_ints(args.output_lens, "--output-lens"),
         shared_prefix_len=args.shared_prefix_len,
         vocab_size=args.vocab_size or _model_vocab(args.model) or 2048,
     )
+    if args.url and args.length_control is None:
+        args.length_control = BURST_LENGTH_CONTROL if args.workload == "burst" else "extra"
     out = args.out or Path("ops/bench") / ("offline" if args.offline else "online") / time.strftime(
         "%Y%m%dT%H%M%SZ", time.gmtime()
     )
@@ -152,6 +176,7 @@ def _run_offline(args: argparse.Namespace, workload, out: Path) -> int:
         kv_budget_tokens=args.kv_budget_tokens,
         kv_budget_max_num_seqs=args.kv_budget_max_num_seqs,
         show_progress=not args.no_progress,
+        device=args.device,
     )
     report = run_offline(cfg)
     summary = {
@@ -176,8 +201,9 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 def _model_vocab(model: str | None) -> int | None:
     if not model:
         return None
-    config = Path(model) / "config.json"
+    from ferry.model.config import read_config
+
     try:
-        return int(json.loads(config.read_text())["vocab_size"])
-    except (OSError, ValueError, KeyError) as exc:
-        raise ValueError(f"--model {model}: cannot read vocab_size from {config} ({exc})") from None
+        return read_config(model).vocab_size
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--model {model}: cannot read its vocab_size ({exc})") from None

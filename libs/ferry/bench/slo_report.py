@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ferry.bench.plots import _pyplot, _save
+from ferry.bench.plots import _save, pyplot
 
 
 def write_plots(out_dir: Path, report: dict) -> list[str]:
@@ -20,7 +20,7 @@ def write_plots(out_dir: Path, report: dict) -> list[str]:
 
 
 def _attainment(path: Path, report: dict) -> None:
-    plt, w = _pyplot(), report["windows"]
+    plt, w = pyplot(), report["windows"]
     fig, ax = plt.subplots(figsize=(8, 4.2))
     for name in report["systems"]:
         style = {"linewidth": 2.5, "color": "black"} if name == "adaptive" else {"linewidth": 1, "alpha": 0.8}
@@ -36,7 +36,7 @@ def _attainment(path: Path, report: dict) -> None:
 
 
 def _caps(path: Path, report: dict) -> None:
-    plt, w = _pyplot(), report["windows"]
+    plt, w = pyplot(), report["windows"]
     fig, ax = plt.subplots(figsize=(8, 4.2))
     caps = w["adaptive_cap"]
     ax.plot(w["start_s"], [v if v is not None else float("nan") for v in caps["max_num_seqs"]], "k-", lw=2.5)
@@ -54,7 +54,7 @@ def _caps(path: Path, report: dict) -> None:
 
 
 def _goodput(path: Path, report: dict) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     names = list(report["systems"])
     fig, ax = plt.subplots(figsize=(7, 3.6))
     values = [report["systems"][n]["goodput_rps"] for n in names]
