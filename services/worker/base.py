@@ -23,7 +23,7 @@ from nats.aio.client import Client
 
 from ferry import metrics
 from ferry.bus import Service, WorkConsumer, WorkItem, raise_if_cancelled, trace
-from ferry.protocol import Cancel, ErrorEvent, GenerateRequest, OutputBatch, encode, subjects
+from ferry.protocol import Cancel, ErrorEvent, GenerateRequest, OutputBatch, TrafficForecast, encode, subjects
 from ferry_services.worker.compute import ComputeThread
 from ferry_services.worker.events import batch_by_gateway
 from ferry_services.worker.handoff import HandoffSender
@@ -32,6 +32,7 @@ from ferry_services.worker.ledger import Admit, Effects, Held, RequestLedger, en
 from ferry_services.worker.pulling import Pulling, open_work_consumer
 from ferry_services.worker.reports import Reporting, describe_engine
 from ferry_services.worker.settings import WorkerSettings
+from ferry_services.worker.slo import WorkerSlo
 from ferry_services.worker.stats import WorkStats
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ class Worker(Pulling, Reporting, abc.ABC):
             metadata={"worker_id": self.worker_id, "model": settings.model_name},
         )
         self.service.subscribe(subjects.CANCEL, Cancel, self.on_cancel)
+        self.slo = WorkerSlo(settings, self.role)  # the SLO controller (slo.py); off without FERRY_TPOT_SLO_MS
+        self.service.subscribe(subjects.FORECAST_ALL, TrafficForecast, self.slo.on_forecast)
         self.work_stats = WorkStats(self)  # pulled work, steps, tokens, backlog in `nats micro stats`
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -170,7 +173,9 @@ class Worker(Pulling, Reporting, abc.ABC):
     def step(self) -> Any:
         """Runs on the engine thread."""
         trace.hop("*", f"{self.role[0]}w.step_start")
+        self.slo.before_step(self.engine)
         outputs = self.engine.step()
+        self.slo.after_step(self.engine)
         trace.hop("*", f"{self.role[0]}w.step_end")
         return outputs
 
@@ -193,6 +198,7 @@ class Worker(Pulling, Reporting, abc.ABC):
         """Every pulled message enters here: the ledger decides what it is, the rest follows."""
         request = item.msg.request
         trace.hop(request.request_id, f"{self.role[0]}w.pulled")
+        self.slo.on_pulled(request)
         admission = self.ledger.pulled(request, item)
         await self.apply(admission.effects)
         if admission.decision is not Admit.NEW:

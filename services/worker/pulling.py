@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from nats.js import JetStreamContext
 from nats.js.errors import ServiceUnavailableError
@@ -35,6 +36,7 @@ class Pulling:
     js: JetStreamContext
     consumer: WorkConsumer | None
     ledger: RequestLedger
+    engine: Any
     has_room: asyncio.Event
     accept: Callable[[WorkItem], Awaitable[None]]
 
@@ -66,8 +68,10 @@ class Pulling:
             await asyncio.sleep(FETCH_WAIT_S)
 
     def pull_budget(self) -> int:
-        """How many more messages to pull now; the role refines it."""
-        return self.settings.max_running - len(self.ledger)
+        """How many more messages to pull now, under the engine's cap in force (the SLO controller's,
+        or the fixed one): what the cap leaves out stays in JetStream for other workers; the role
+        refines it."""
+        return self.engine.max_num_seqs - len(self.ledger)
 
 
 async def open_work_consumer(js: JetStreamContext, settings: WorkerSettings) -> WorkConsumer:

@@ -147,6 +147,18 @@ class LLMEngine:
     def max_num_batched_tokens(self) -> int:
         return self.scheduler.max_num_batched_tokens
 
+    def prefill_backlog(self) -> list[tuple[float, int]]:
+        """(arrival_time, tokens still to prefill) of every sequence not prefilled yet, in the order
+        the scheduler will take them: running ones mid-prefill, then the waiting queue."""
+        running = [s for s in self.scheduler.running if not s.is_prefill_done]
+        return [(s.arrival_time, s.num_uncomputed_tokens) for s in (*running, *self.scheduler.waiting)]
+
+    def decode_load(self) -> tuple[int, int]:
+        """(sequences that decode next step, context tokens they hold): what a chunk budget must
+        leave room for."""
+        decoding = [s for s in self.scheduler.running if s.is_prefill_done]
+        return len(decoding), sum(s.num_computed_tokens for s in decoding)
+
     def _postprocess(self, batch: ScheduledBatch, logits: torch.Tensor) -> list[RequestOutput]:
         rows = [i for i, s in enumerate(batch.seqs) if s.num_computed_tokens == s.num_tokens]
         if not rows:
