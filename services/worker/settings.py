@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field, field_validator
 
 from ferry.dtypes import check_dtype_name
+from ferry.model.source import served_name
 from ferry.settings import ServiceSettings, default_instance_id
 
 
@@ -16,7 +15,9 @@ class WorkerSettings(ServiceSettings):
         pattern=r"^(prefill|decode|both)$",
         description="prefill, decode, or both: prefill work decoded by the same worker (no hand-off)",
     )
-    model: str = Field(default="", description="checkpoint folder (config.json + safetensors + tokenizer)")
+    model: str = Field(
+        default="", description="checkpoint folder (config.json + safetensors + tokenizer), .gguf file or smollm2"
+    )
     served_model_name: str = Field(default="", description="model name clients use; default: folder name")
     worker_id: str = Field(
         default_factory=default_instance_id,
@@ -71,4 +72,4 @@ class WorkerSettings(ServiceSettings):
     @property
     def model_name(self) -> str:
         """The name clients send in `model` (the gateway's default is the same folder name)."""
-        return self.served_model_name or Path(self.model).name or "ferry"
+        return self.served_model_name or served_name(self.model) or "ferry"

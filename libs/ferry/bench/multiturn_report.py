@@ -58,7 +58,7 @@ def write_markdown(path: Path, report: dict) -> None:
 
 
 def write_plot(path: Path, report: dict) -> None:
-    from ferry.bench.plots import pyplot
+    from ferry.bench.plots import pyplot, save_figure
 
     plt = pyplot()
     modes = report["modes"]
@@ -74,9 +74,7 @@ def write_plot(path: Path, report: dict) -> None:
     ax.set_xlabel("turn")
     ax.set_ylabel("TTFT p50 (ms)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _f(value, digits: int = 0) -> str:

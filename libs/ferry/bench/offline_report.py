@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,7 +46,7 @@ def offline_ratios(offline: dict[str, dict]) -> dict[str, float]:
 def online_rows(online: list[OnlineRun], basis: str, offline: dict[str, dict]) -> list[dict]:
     rows = []
     for fraction, rate_rps, by_system in online:
-        row = {
+        row: dict[str, Any] = {
             "rate_fraction": fraction,
             "rate_basis": basis,
             "offered_rps": rate_rps,
@@ -120,6 +121,7 @@ def write_plots(
     if online:
         names.append(_latency_cdfs(out_dir / "latency_cdf.png", online, basis))
     if equal_kv:
+        assert kv_budget is not None  # the equal-KV-memory runs have one
         names.append(
             _bars(
                 out_dir / "equal_kv_memory.png",

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -15,8 +17,11 @@ from ferry.model.kv_cache import PagedKVCache
 from ferry.model.layers import GatedMLP, RMSNorm
 from ferry.model.rope import Rotary
 
+if TYPE_CHECKING:
+    from ferry.model.mla import MLAttention
 
-def _attention_class(cfg: ModelConfig) -> type[nn.Module]:
+
+def _attention_class(cfg: ModelConfig) -> type[GQAttention | MLAttention]:
     if cfg.is_mla:
         from ferry.model.mla import MLAttention
 
@@ -81,20 +86,22 @@ class CausalLM(nn.Module):
         if backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention backend: {backend!r}, expected one of {ATTENTION_BACKENDS}")
         for layer in self.model.layers:
-            layer.self_attn.backend = backend
+            layer.self_attn.backend = backend  # type: ignore[union-attr]  # a DecoderLayer's attention module
         self.attention_backend = backend
 
     def fuse_projections(self) -> None:
         """After loading: q/k/v and gate/up each become one matmul (parameters become slices)."""
         for module in self.modules():
-            if module is not self and hasattr(module, "fuse"):
-                module.fuse()
+            fuse = getattr(module, "fuse", None)
+            if module is not self and callable(fuse):
+                fuse()
 
     def prepack_cpu_weights(self) -> None:
         """After fuse_projections, on the CPU: every weight matmul gets oneDNN's packed copy (cpu_linear)."""
         for module in self.modules():
-            if module is not self and hasattr(module, "prepack"):
-                module.prepack()
+            prepack = getattr(module, "prepack", None)
+            if module is not self and callable(prepack):
+                prepack()
 
     @torch.inference_mode()
     def forward(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -65,7 +66,8 @@ class ExpertParallelMoE(nn.Module):
         self.forward(torch.empty(0, weight.shape[1], dtype=self._dtype(), device=weight.device))
 
     def _dtype(self) -> torch.dtype:
-        return self.experts[0].down_proj.weight.dtype
+        expert: Any = self.experts[0]  # a GatedMLP
+        return expert.down_proj.weight.dtype
 
     def steps(self, x: torch.Tensor) -> Steps:
         """x [T, hidden] -> [T, hidden]; yields after each all-to-all launch."""

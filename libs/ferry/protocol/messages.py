@@ -266,6 +266,8 @@ class LoadReport:
     decodes: bool = False
     """A prefill worker that also decodes what it prefilled (`FERRY_ROLE=both`): no hand-off leaves
     it, and the gateway counts it as a decode worker too."""
+    weights_dtype: str = ""
+    """What the worker's weight matmuls hold (float32, bfloat16, int8, ...; '' = not said)."""
 
     def __post_init__(self) -> None:
         _require(self.role in ROLES, "role", self.role, f"must be one of {ROLES}")
