@@ -26,9 +26,13 @@ are a public interface: add new ones freely, never rename or relabel an existing
 | ferry_worker_queue_depth | gauge | role, worker | balancers: work queued on each worker's JetStream consumer |
 | ferry_migrations_total | counter | reason | gateway: requests resubmitted after losing their worker (not errors) |
 | ferry_errors_total | counter | service, kind | everyone: errors (kind: exception class, ErrorReply code) |
+| ferry_model_info | gauge | role, model, arch, weights_dtype, checkpoint_dtype | workers: 1 for the model they serve |
 
 Migration reasons: worker_silent (no load reports), tokens_missing, bus_reconnect (the gateway's own
 bus), worker_lost (a worker said so). A request that runs out of attempts counts as an error too.
+
+ferry_model_info's weights_dtype is what the weight matmuls hold (float32, bfloat16, int8, ...);
+checkpoint_dtype what the checkpoint stores (a GGUF's Q4_1, Q8_0, ...; a folder's torch dtype).
 
 Hit rates are ratios of counter rates, e.g.
 `rate(ferry_prefix_cache_hits_total[5m]) / rate(ferry_prefix_cache_queries_total[5m])`.
@@ -83,6 +87,11 @@ WORKER_QUEUE_DEPTH = Gauge(
 )
 MIGRATIONS = Counter("ferry_migrations", "Requests resubmitted after losing their worker.", ["reason"])
 ERRORS = Counter("ferry_errors", "Errors replied or logged, by service and kind.", ["service", "kind"])
+MODEL_INFO = Gauge(
+    "ferry_model_info",
+    "1 for the model a worker serves: name, architecture, weights dtype of its matmuls, the checkpoint's dtype.",
+    ["role", "model", "arch", "weights_dtype", "checkpoint_dtype"],
+)
 
 ALL_METRICS = (
     REQUESTS_RUNNING,
@@ -105,13 +114,14 @@ ALL_METRICS = (
     WORKER_QUEUE_DEPTH,
     MIGRATIONS,
     ERRORS,
+    MODEL_INFO,
 )
 """Every ferry metric object, for tests and for the dashboard check."""
 
 
 def metric_names() -> list[str]:
     """Exposed base names (counters without their `_total` suffix, as prometheus_client keeps them)."""
-    return [m.describe()[0].name for m in ALL_METRICS]
+    return [next(iter(m.describe())).name for m in ALL_METRICS]
 
 
 def start_metrics_server(port: int, addr: str = "0.0.0.0") -> WSGIServer | None:

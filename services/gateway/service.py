@@ -25,7 +25,13 @@ log = logging.getLogger("ferry.gateway")
 
 def model_limits(settings: GatewaySettings, info: ModelInfo) -> ModelLimits:
     max_len = min(settings.max_context_len or info.max_context_len, info.max_context_len)
-    return ModelLimits(name=settings.model_name, max_context_len=max_len, vocab_size=info.vocab_size)
+    return ModelLimits(
+        name=settings.model_name,
+        max_context_len=max_len,
+        vocab_size=info.vocab_size,
+        arch=info.arch,
+        checkpoint_dtype=info.checkpoint_dtype,
+    )
 
 
 class _HttpServer(uvicorn.Server):
@@ -44,7 +50,10 @@ async def serve(settings: GatewaySettings) -> int:
         raise SystemExit(problem)
     if settings.allow_open and not is_loopback(settings.http_host):
         log.warning("FERRY_ALLOW_OPEN=1: serving WITHOUT API keys on %s", settings.http_host)
-    info = load_model_info(settings.model)
+    try:
+        info = load_model_info(settings.model)
+    except (FileNotFoundError, ValueError) as exc:  # a bad checkpoint: one clear line, no traceback
+        raise SystemExit(f"gateway: FERRY_MODEL {settings.model}: {exc}") from None
     bus = GatewayBus(settings.gateway_id, settings.submit_timeout_s)
     await bus.start(settings.nats_url)
     app = create_app(settings, info.tokenizer, model_limits(settings, info), bus)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field
 
+from ferry.model.source import served_name
 from ferry.settings import ServiceSettings, default_instance_id
 
 
 class GatewaySettings(ServiceSettings):
-    model: str = Field(min_length=1, description="checkpoint folder; only config.json + tokenizer files are read")
+    model: str = Field(
+        min_length=1, description="checkpoint folder, .gguf file or smollm2; only config and tokenizer are read"
+    )
     served_model_name: str = Field(default="", description="model name clients use; default: folder name")
     gateway_id: str = Field(
         default_factory=default_instance_id,
@@ -41,4 +42,4 @@ class GatewaySettings(ServiceSettings):
     @property
     def model_name(self) -> str:
         """The name clients send in `model`."""
-        return self.served_model_name or Path(self.model).name or "ferry"
+        return self.served_model_name or served_name(self.model) or "ferry"

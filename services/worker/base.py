@@ -30,7 +30,7 @@ from ferry_services.worker.handoff import HandoffSender
 from ferry_services.worker.joining import FetchedKV, Joined, join
 from ferry_services.worker.ledger import Admit, Effects, Held, RequestLedger, engine_id
 from ferry_services.worker.pulling import Pulling, open_work_consumer
-from ferry_services.worker.reports import Reporting
+from ferry_services.worker.reports import Reporting, describe_engine
 from ferry_services.worker.settings import WorkerSettings
 from ferry_services.worker.stats import WorkStats
 
@@ -88,7 +88,7 @@ class Worker(Pulling, Reporting, abc.ABC):
         """Set by the engine loop once halted: no step queued, the last one's tokens published."""
         self.consumer: WorkConsumer | None = None
         self.tasks: set[asyncio.Task] = set()
-        Reporting.__init__(self)
+        Reporting.__init__(self, describe_engine(engine, settings))
         self.service = Service(
             f"{self.role}-worker",
             description=f"ferry {self.role} worker",

@@ -37,7 +37,9 @@ class Reporting:
     ledger: RequestLedger
     consumer: WorkConsumer | None
 
-    def __init__(self) -> None:
+    def __init__(self, weights_dtype: str = "") -> None:
+        self.weights_dtype = weights_dtype
+        """What this worker's weight matmuls hold, as its reports and ferry_model_info say."""
         self._num_cached_reported = 0
         self.num_backlog = 0
         """Messages queued for this worker in JetStream, as of the last report."""
@@ -79,6 +81,7 @@ class Reporting:
             max_running=self.settings.max_running,
             block_size=self.settings.block_size,
             draining=self.ledger.draining,
+            weights_dtype=self.weights_dtype,
             num_backlog=self.num_backlog,
             decodes=self.decodes,
         )
@@ -104,3 +107,17 @@ class Reporting:
         num_cached = self.compute.stats.num_cached_tokens
         metrics.PREFIX_CACHE_HITS.labels(self.role).inc(max(0, num_cached - self._num_cached_reported))
         self._num_cached_reported = num_cached
+
+
+def describe_engine(engine, settings: WorkerSettings) -> str:
+    """Sets ferry_model_info for the model the engine runs; -> its weights dtype ('' for an engine
+    without a loaded model, as test doubles are)."""
+    from ferry.model.describe import checkpoint_dtype, weights_dtype
+
+    lm = getattr(engine, "lm", None)
+    if lm is None:
+        return ""
+    dtype = weights_dtype(lm.model)
+    labels = (settings.role, settings.model_name, lm.config.arch, dtype, checkpoint_dtype(lm.config))
+    metrics.MODEL_INFO.labels(*labels).set(1)
+    return dtype

@@ -29,6 +29,7 @@ def build_engine(settings: WorkerSettings):
     config = EngineConfig(
         block_size=settings.block_size,
         num_kv_blocks=settings.num_kv_blocks,
+        host_cache_blocks=settings.host_kv_blocks,
         max_num_seqs=settings.max_running,
         max_num_batched_tokens=max(settings.max_batch_tokens, settings.max_running),
         role=settings.role,
@@ -36,7 +37,10 @@ def build_engine(settings: WorkerSettings):
         dtype=settings.dtype or None,
         kv_cache_dtype=settings.kv_cache_dtype or None,
     )
-    return LLMEngine.from_model_path(settings.model, config)
+    try:
+        return LLMEngine.from_model_path(settings.model, config)
+    except (FileNotFoundError, ValueError) as exc:  # a bad checkpoint: one clear line, no traceback
+        raise SystemExit(f"ferry worker: FERRY_MODEL {settings.model}: {exc}") from None
 
 
 def make_worker(nc, settings: WorkerSettings, engine, store, compute: ComputeThread | None = None) -> Worker:
@@ -56,7 +60,7 @@ def make_worker(nc, settings: WorkerSettings, engine, store, compute: ComputeThr
 async def serve(settings: WorkerSettings) -> int:
     """Run one worker until SIGTERM/SIGINT; the exit status."""
     if not settings.model:
-        raise SystemExit("ferry worker: FERRY_MODEL must name a checkpoint folder")
+        raise SystemExit("ferry worker: FERRY_MODEL must name a checkpoint folder, a .gguf file or smollm2")
     nc = await connect(settings.nats_url, f"worker-{settings.worker_id}")
     await ensure_work_stream(nc.jetstream(), replicas=settings.work_replicas)
     consumer = await open_work_consumer(nc.jetstream(), settings)  # before the (slow) model load

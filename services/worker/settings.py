@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Literal
+from pydantic import Field, field_validator
 
-from pydantic import Field
-
+from ferry.dtypes import check_dtype_name
+from ferry.model.source import served_name
 from ferry.settings import ServiceSettings, default_instance_id
 
 
@@ -16,21 +15,34 @@ class WorkerSettings(ServiceSettings):
         pattern=r"^(prefill|decode|both)$",
         description="prefill, decode, or both: prefill work decoded by the same worker (no hand-off)",
     )
-    model: str = Field(default="", description="checkpoint folder (config.json + safetensors + tokenizer)")
+    model: str = Field(
+        default="", description="checkpoint folder (config.json + safetensors + tokenizer), .gguf file or smollm2"
+    )
     served_model_name: str = Field(default="", description="model name clients use; default: folder name")
     worker_id: str = Field(
         default_factory=default_instance_id,
         pattern=r"^[A-Za-z0-9_-]+$",
         description="names this worker's subjects and consumer; unique per replica",
     )
+    kv_writeback: bool = Field(
+        default=True,
+        description="decode: when a sequence finishes, write the full blocks it added (its output) to the KV "
+        "store, so the next turn of the conversation finds its whole history there",
+    )
     num_kv_blocks: int = Field(default=1024, ge=1, description="blocks in this worker's KV pool")
     block_size: int = Field(default=16, ge=1, description="tokens per KV block")
+    host_kv_blocks: int = Field(
+        default=256,
+        ge=0,
+        description="host tier: blocks evicted from the KV pool kept in host memory (pinned on a GPU) "
+        "and loaded back instead of fetched or recomputed; prefetched blocks land here too; 0 = off",
+    )
     max_running: int = Field(default=64, ge=1, description="most sequences in the engine at once")
     max_batch_tokens: int = Field(default=2048, ge=1, description="token budget of one engine step")
     load_interval_s: float = Field(default=1.0, gt=0, description="seconds between load reports")
     device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:1, ...")
     dtype: str = Field(default="", description="model dtype (float32, bfloat16, ...); '' keeps the checkpoint's")
-    kv_cache_dtype: Literal["", "float32", "bfloat16", "float16"] = Field(
+    kv_cache_dtype: str = Field(
         default="",
         description="KV cache dtype; '' = the model's. bfloat16 under an fp32 model halves KV memory "
         "and CPU decode attention's reads; every worker of a deployment should use the same",
@@ -47,6 +59,11 @@ class WorkerSettings(ServiceSettings):
         "stop grace period (compose stop_grace_period, k8s terminationGracePeriodSeconds)",
     )
 
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _kv_cache_dtype(cls, value: str) -> str:
+        return value and check_dtype_name(value, "kv_cache_dtype")
+
     @property
     def work_role(self) -> str:
         """The role whose work subjects, consumer and load reports this worker uses ('both' pulls prefill work)."""
@@ -55,4 +72,4 @@ class WorkerSettings(ServiceSettings):
     @property
     def model_name(self) -> str:
         """The name clients send in `model` (the gateway's default is the same folder name)."""
-        return self.served_model_name or Path(self.model).name or "ferry"
+        return self.served_model_name or served_name(self.model) or "ferry"

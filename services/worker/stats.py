@@ -35,7 +35,7 @@ class WorkStats:
         """The `data` of the `work` endpoint in $SRV.STATS (read on the asyncio thread: snapshots only)."""
         engine = self.worker.compute.stats
         report = self.worker.load_report()
-        return {
+        data = {
             "num_steps": engine.num_steps,
             "num_generated_tokens": engine.num_generated_tokens,
             "mean_batch_size": round(engine.mean_batch_size, 3),
@@ -47,7 +47,13 @@ class WorkStats:
             "kv_blocks_total": report.kv_blocks_total,
             "kv_usage": round(report.kv_usage, 4),
             "draining": report.draining,
+            "host_kv_blocks": engine.num_host_blocks,
+            "host_kv_hit_blocks": engine.num_host_hit_blocks,
         }
+        tiers = getattr(self.worker, "prefix_blocks_by_tier", None)
+        if tiers is not None:  # a prefill worker: its admitted prompts' leading blocks, by tier
+            data["prefix_blocks_by_tier"] = dict(tiers)
+        return data
 
 
 class CountedConsumer(WorkConsumer):

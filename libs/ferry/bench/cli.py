@@ -15,7 +15,9 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offline", action="store_true", help="benchmark the engine in-process (needs --model)")
-    parser.add_argument("--model", help="checkpoint folder (offline mode; also sizes the workload's vocabulary)")
+    parser.add_argument(
+        "--model", help="checkpoint folder, .gguf file or smollm2 (offline mode; also sizes the workload's vocabulary)"
+    )
     parser.add_argument("--out", type=Path, help="report folder (default ops/bench/<mode>/<UTC time>)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     w = parser.add_argument_group("workload (shared/BENCHMARKS.md, seeded)")
@@ -58,9 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--kv-budget-max-num-seqs", type=int, default=128, help="default %(default)s")
     o.add_argument("--online-requests", type=int, default=64)
     o.add_argument("--threads", type=int, default=2, help="torch threads (default %(default)s)")
+    o.add_argument("--device", default="cpu", help="engine device: cpu, cuda, cuda:N (default %(default)s)")
     from ferry.bench.online import add_url_arguments
 
     add_url_arguments(parser)  # adds --url and its options
+    from ferry.bench.multiturn_run import add_arguments as add_multiturn_arguments
+
+    add_multiturn_arguments(parser)  # adds --multi-turn and its options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,10 +80,18 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from ferry.bench.workload import BURST_LENGTH_CONTROL, named_workload
 
+    if args.multi_turn:
+        from ferry.bench.multiturn_run import run_multiturn
+
+        out = args.out or Path("ops/bench/multiturn") / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        return run_multiturn(args, out)
     if bool(args.offline) == bool(args.url):
         raise ValueError("choose one mode: --offline (engine in-process) or --url URL (a server)")
-    if args.model and not Path(args.model).is_dir():
-        raise ValueError(f"--model {args.model}: no such checkpoint folder")
+    from ferry.model.source import model_problem
+
+    problem = model_problem(args.model) if args.model else None
+    if problem:
+        raise ValueError(f"--model {args.model}: {problem}")
     given = {"num_requests": args.num_requests, "max_prompt_len": args.max_prompt_len}
     workload = named_workload(
         args.workload,
@@ -123,6 +137,7 @@ def _run_offline(args: argparse.Namespace, workload, out: Path) -> int:
         kv_budget_tokens=args.kv_budget_tokens,
         kv_budget_max_num_seqs=args.kv_budget_max_num_seqs,
         show_progress=not args.no_progress,
+        device=args.device,
     )
     report = run_offline(cfg)
     summary = {
@@ -147,8 +162,9 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 def _model_vocab(model: str | None) -> int | None:
     if not model:
         return None
-    config = Path(model) / "config.json"
+    from ferry.model.config import read_config
+
     try:
-        return int(json.loads(config.read_text())["vocab_size"])
-    except (OSError, ValueError, KeyError) as exc:
-        raise ValueError(f"--model {model}: cannot read vocab_size from {config} ({exc})") from None
+        return read_config(model).vocab_size
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--model {model}: cannot read its vocab_size ({exc})") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,7 +46,7 @@ def offline_ratios(offline: dict[str, dict]) -> dict[str, float]:
 def online_rows(online: list[OnlineRun], basis: str, offline: dict[str, dict]) -> list[dict]:
     rows = []
     for fraction, rate_rps, by_system in online:
-        row = {
+        row: dict[str, Any] = {
             "rate_fraction": fraction,
             "rate_basis": basis,
             "offered_rps": rate_rps,
@@ -116,13 +117,11 @@ def write_plots(
     kv_budget: tuple[int, int] | None,
 ) -> list[str]:
     """kv_budget: (KV pool tokens, batch cap) of the equal-KV-memory runs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     names = [_bars(out_dir / "throughput.png", results, "Offline throughput (all at once, equal batch cap)")]
     if online:
         names.append(_latency_cdfs(out_dir / "latency_cdf.png", online, basis))
     if equal_kv:
+        assert kv_budget is not None  # the equal-KV-memory runs have one
         names.append(
             _bars(
                 out_dir / "equal_kv_memory.png",
@@ -134,7 +133,9 @@ def write_plots(
 
 
 def _bars(path: Path, results: dict[str, RunResult], title: str) -> str:
-    import matplotlib.pyplot as plt
+    from ferry.bench.plots import pyplot
+
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.bar([LABELS[s] for s in results], [r.output_tokens / r.busy_s for r in results.values()], color="tab:blue")
@@ -147,7 +148,9 @@ def _bars(path: Path, results: dict[str, RunResult], title: str) -> str:
 
 
 def _latency_cdfs(path: Path, online: list[OnlineRun], basis: str) -> str:
-    import matplotlib.pyplot as plt
+    from ferry.bench.plots import pyplot
+
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(online), figsize=(5 * len(online), 4), squeeze=False)
     for ax, (fraction, rate_rps, by_system) in zip(axes[0], online):

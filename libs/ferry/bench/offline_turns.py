@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -73,7 +73,7 @@ class RunResult:
         return out
 
 
-Turns = Iterator[int]
+Turns = Generator[int, None, "RunResult"]
 """A system under test: each next() does one unit of work and yields how many requests finished
 in it; its return value is the RunResult."""
 
@@ -97,7 +97,7 @@ def side_by_side(systems: dict[str, Turns], total: int, progress: bool) -> dict[
 
 # ---- the engine ----------------------------------------------------------------------------------
 def engine_config(
-    system: str, max_num_seqs: int, num_kv_blocks: int, max_num_batched_tokens: int = 2048
+    system: str, max_num_seqs: int, num_kv_blocks: int, max_num_batched_tokens: int = 2048, device: str = "cpu"
 ) -> EngineConfig:
     """The engine settings of one system: both static variants run the engine's static scheduler
     (padding is how engine_turns admits and sizes static_padded's requests); token ids out, no
@@ -110,8 +110,9 @@ def engine_config(
         max_num_batched_tokens=max_num_batched_tokens,
         batching="static" if system == "static_padded" else system,
         detokenize=False,
-        enable_prefix_caching=system != "static_padded",
-    )  # dense static servers have none
+        enable_prefix_caching=system != "static_padded",  # dense static servers have none
+        device=device,
+    )
 
 
 def engine_turns(
@@ -247,7 +248,10 @@ def transformers_turns(model_dir: Path, requests: list[WorkloadRequest], batch_s
     """Hugging Face `generate` in static batches (left-padded), greedy, exact output lengths."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    from ferry.model.source import transformers_location
+
+    folder, kwargs = transformers_location(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs).eval()
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     _hf_batch(model, requests[:1], pad, warm_up=True)
     result = RunResult("transformers", math.inf, output_tokens=sum(r.max_tokens for r in requests))

@@ -273,6 +273,7 @@ def bench_url(
     prompt_format: str,
     out_dir: str,
     meta: dict | None = None,
+    plots: bool = True,
 ) -> dict:
     """The whole `ferry bench --url` run: every phase, then bench.json, PNGs and summary.md in out_dir."""
     from ferry.bench.report import write_report
@@ -291,7 +292,7 @@ def bench_url(
         "rates_rps": [None if math.isinf(r) else r for r in rates],
         **(meta or {}),
     }
-    return write_report(out_dir, meta, phases)
+    return write_report(out_dir, meta, phases, plots=plots)
 
 
 def _workload_label(workload: WorkloadConfig) -> str:

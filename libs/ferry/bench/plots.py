@@ -10,10 +10,17 @@ from pathlib import Path
 import numpy as np
 
 
-def _pyplot():
-    import matplotlib
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (headless: CI and servers have no display).
 
-    matplotlib.use("Agg")  # headless: CI and servers have no display
+    matplotlib is the optional `bench` extra, imported only when a plot is drawn."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            "plotting a bench report needs matplotlib, the optional extra: pip install 'ferry[bench]'"
+        ) from exc
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
@@ -33,10 +40,10 @@ def write_plots(out_dir: Path, report: dict) -> list[str]:
     return written
 
 
-def _save(fig, path: Path) -> bool:
+def save_figure(fig, path: Path) -> bool:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return True
 
 
@@ -45,7 +52,7 @@ def _throughput(path: Path, report: dict) -> bool:
     rows = [s for s in report["summary"] if s["output_tokens_per_s"] is not None]
     if not rows:
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     paced = sorted((s["offered_rps"], s["output_tokens_per_s"]) for s in rows if not s["all_at_once"])
     if paced:
@@ -58,7 +65,7 @@ def _throughput(path: Path, report: dict) -> bool:
     ax.set_title("throughput vs offered load")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _cdf(path: Path, report: dict, values_of, xlabel: str, title: str) -> bool:
@@ -66,7 +73,7 @@ def _cdf(path: Path, report: dict, values_of, xlabel: str, title: str) -> bool:
     series = [(name, vals) for name, vals in series if vals]
     if not series:
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, vals in series:
         xs = np.sort(np.asarray(vals, dtype=np.float64) * 1000.0)
@@ -76,7 +83,7 @@ def _cdf(path: Path, report: dict, values_of, xlabel: str, title: str) -> bool:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _ttft_cdf(path: Path, report: dict) -> bool:
@@ -100,7 +107,7 @@ def _batch_size(path: Path, report: dict) -> bool:
     series = [(p["name"], p["batch_samples"]) for p in report["phases"] if p["batch_samples"]]
     if not series:
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, samples in series:
         ax.plot([t for t, _ in samples], [v for _, v in samples], label=name)
@@ -109,4 +116,4 @@ def _batch_size(path: Path, report: dict) -> bool:
     ax.set_title("batch size over time")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)

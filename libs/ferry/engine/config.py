@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ferry.dtypes import DTYPE_NAMES
+
 BATCHING_MODES = ("dynamic", "static")
 ENGINE_ROLES = ("both", "prefill", "decode")
-KV_CACHE_DTYPES = ("float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = DTYPE_NAMES
+ATTENTION_CHOICES = ("auto", "torch", "triton")
+"""EngineConfig.attention / FERRY_ATTENTION values; ferry.kernels.backend resolves them for a device."""
 
 
 @dataclass(slots=True)
 class EngineConfig:
     block_size: int = 16
-    """Tokens per KV block."""
+    """Tokens per KV block: a power of two (a Triton tile dimension), at least 16 on a GPU."""
     num_kv_blocks: int | None = None
     """Blocks in the KV pool; None sizes the pool from kv_cache_memory_gb."""
     kv_cache_memory_gb: float = 1.0
@@ -28,6 +32,10 @@ class EngineConfig:
     role: str = "both"
     """'prefill': a request stops after its first token and its KV stays pinned for take_prefilled."""
     device: str = "cpu"
+    """'cpu', 'cuda' or 'cuda:N': the engine's calls run under a guard for that device, on any thread."""
+    attention: str | None = None
+    """Attention implementation: 'auto' (Triton on CUDA, else the CPU path), 'torch' or 'triton';
+    None reads FERRY_ATTENTION. Resolved once when the engine is built (ferry.kernels.backend)."""
     dtype: str | None = None
     """Model dtype; None keeps the checkpoint's."""
     kv_cache_dtype: str | None = None
@@ -35,6 +43,9 @@ class EngineConfig:
     model halves the memory per cached token and the bytes CPU decode attention reads (the fused kernel
     widens rows in registers and still computes in fp32); keys and values are rounded to bf16 once, when
     written. Blocks then live in their own KV-store namespace (LLMEngine.kv_namespace)."""
+    host_cache_blocks: int = 0
+    """Host tier: up to this many blocks evicted from the KV pool are kept in host memory (pinned on
+    a GPU) and loaded back at admission instead of recomputed or fetched (engine/host_tier.py); 0 = off."""
     seed: int = 0
     """Seed of the engine's generator for requests without their own seed."""
     detokenize: bool = True
@@ -43,6 +54,19 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _require(self.block_size >= 1, "block_size", self.block_size, "must be >= 1")
+        _require(self.block_size & (self.block_size - 1) == 0, "block_size", self.block_size, "must be a power of 2")
+        _require(
+            not self.device.startswith("cuda") or self.block_size >= 16,
+            "block_size",
+            self.block_size,
+            "must be >= 16 on a GPU (the Triton kernels' tile)",
+        )
+        _require(
+            self.attention is None or self.attention in ATTENTION_CHOICES,
+            "attention",
+            self.attention,
+            f"must be None or one of {ATTENTION_CHOICES}",
+        )
         _require(
             self.num_kv_blocks is None or self.num_kv_blocks >= 1,
             "num_kv_blocks",
@@ -57,6 +81,7 @@ class EngineConfig:
             self.max_num_batched_tokens,
             f"must be >= max_num_seqs ({self.max_num_seqs})",
         )
+        _require(self.host_cache_blocks >= 0, "host_cache_blocks", self.host_cache_blocks, "must be >= 0")
         _require(self.batching in BATCHING_MODES, "batching", self.batching, f"must be one of {BATCHING_MODES}")
         _require(self.role in ENGINE_ROLES, "role", self.role, f"must be one of {ENGINE_ROLES}")
         _require(

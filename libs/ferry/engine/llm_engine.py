@@ -8,12 +8,15 @@ outside with add_prefilled(). No NATS, no Redis: the workers wrap this.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
 
 from ferry.engine.block_manager import BlockManager
 from ferry.engine.config import EngineConfig
+from ferry.engine.host_cache import HostBlockCache
+from ferry.engine.host_tier import HostTier
 from ferry.engine.outputs import EngineStats, PrefilledKV, RequestOutput
 from ferry.engine.request_state import RequestState
 from ferry.engine.runner import ModelRunner
@@ -22,6 +25,7 @@ from ferry.engine.scheduler import ScheduledBatch, Scheduler
 from ferry.engine.sequence import Sequence
 from ferry.model import LoadedModel, load_model
 from ferry.protocol import SamplingParams, hash_full_blocks
+from ferry.slo.step_model import StepRecord
 
 
 class LLMEngine:
@@ -29,7 +33,7 @@ class LLMEngine:
         self.lm = lm
         self.config = config = config or EngineConfig()
         num_blocks = config.num_kv_blocks or self._blocks_for_memory(lm, config)
-        self.runner = ModelRunner(lm, num_blocks, config.block_size, config.device, _kv_dtype(config))
+        self.runner = ModelRunner(lm, num_blocks, config.block_size, config.device, _kv_dtype(config), config.attention)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -37,11 +41,20 @@ class LLMEngine:
             config.max_num_batched_tokens,
             static_batching=config.batching == "static",
         )
+        self.host: HostTier | None = None
+        """Blocks evicted from the pool, kept in host memory (config.host_cache_blocks > 0)."""
+        if config.host_cache_blocks:
+            cache = HostBlockCache(config.host_cache_blocks, pin_memory=config.device.startswith("cuda"))
+            self.host = HostTier(cache, self.block_manager, self.runner.kv)
         self.max_model_len = lm.config.max_position_embeddings
         self.generator = torch.Generator().manual_seed(config.seed)
         self._requests: dict[str, RequestState] = {}
+        self._finished_chains: OrderedDict[str, list[bytes]] = OrderedDict()
+        self._max_finished_chains = 0
         self._pinned: dict[str, RequestState] = {}
         self._num_computed_tokens = self._num_steps = self._num_generated = self._num_scheduled = 0
+        self.last_step: StepRecord | None = None
+        """What the latest non-empty step ran and how long it took (the step-time model learns from it)."""
 
     @classmethod
     def from_model_path(cls, path: str | Path, config: EngineConfig | None = None) -> LLMEngine:
@@ -71,6 +84,8 @@ class LLMEngine:
         arrival_time: float | None = None,
     ) -> None:
         state = self._new_state(request_id, prompt_token_ids, output_token_ids, sampling, arrival_time)
+        if self.host is not None:
+            self.host.promote(state.seq.token_ids)
         self._requests[request_id] = state
         self.scheduler.add(state.seq)
 
@@ -87,13 +102,42 @@ class LLMEngine:
 
     # ---- one step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        started = time.perf_counter()
         batch = self.scheduler.schedule()
+        if self.host is not None:
+            self.host.flush()  # blocks evicted for this batch, before the step overwrites them
         if batch.is_empty:
+            self.runner.idle()  # an expert-parallel rank still joins its group's all-to-alls
             return []
+        shape = _step_shape(batch)  # before update: context is what the cache held going in
         logits = self.runner.run(batch)  # [B, vocab]
         self.scheduler.update(batch)
         self._count(batch)
-        return self._postprocess(batch, logits)
+        outputs = self._postprocess(batch, logits)
+        self.last_step = StepRecord(*shape, duration_ms=(time.perf_counter() - started) * 1000.0)
+        return outputs
+
+    def set_limits(self, max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None) -> None:
+        """Change the running-sequence cap and the step's token budget from the next step on (an
+        SLO controller's decisions; config keeps the values the engine started with). A cap below
+        the number running admits nobody until enough finish: nothing is preempted for it."""
+        if max_num_seqs is not None:
+            if max_num_seqs < 1:
+                raise ValueError(f"max_num_seqs={max_num_seqs}: must be >= 1")
+            self.scheduler.max_num_seqs = max_num_seqs
+        if max_num_batched_tokens is not None:
+            if max_num_batched_tokens < 1:
+                raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens}: must be >= 1")
+            self.scheduler.max_num_batched_tokens = max_num_batched_tokens
+
+    @property
+    def max_num_seqs(self) -> int:
+        """The running-sequence cap in force now (config's, unless set_limits changed it)."""
+        return self.scheduler.max_num_seqs
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        return self.scheduler.max_num_batched_tokens
 
     def _postprocess(self, batch: ScheduledBatch, logits: torch.Tensor) -> list[RequestOutput]:
         rows = [i for i, s in enumerate(batch.seqs) if s.num_computed_tokens == s.num_tokens]
@@ -114,8 +158,15 @@ class LLMEngine:
         return outputs
 
     def _finish(self, state: RequestState) -> None:
-        del self._requests[state.seq.request_id]
-        self.scheduler.remove(state.seq)
+        seq = state.seq
+        del self._requests[seq.request_id]
+        if self._max_finished_chains:
+            self._finished_chains[seq.request_id] = seq.block_hashes[
+                : seq.num_computed_tokens // self.config.block_size
+            ]
+            while len(self._finished_chains) > self._max_finished_chains:
+                self._finished_chains.popitem(last=False)
+        self.scheduler.remove(seq)
 
     def _pin(self, state: RequestState) -> None:
         del self._requests[state.seq.request_id]
@@ -151,11 +202,24 @@ class LLMEngine:
         self.block_manager.free(seq)
         return PrefilledKV(block_ids, hashes, num_tokens, data)
 
+    def remember_finished(self, max_sequences: int) -> None:
+        """Keep the block hashes of the last `max_sequences` finished sequences for take_finished_kv."""
+        self._max_finished_chains = max_sequences
+
+    def take_finished_kv(self, request_id: str, skip_blocks: int = 0) -> tuple[list[bytes], torch.Tensor] | None:
+        """(hashes, [n, *block_shape] CPU copy) of a finished sequence's full blocks after the first
+        `skip_blocks`, as far as the pool still holds them; None when it holds none (or it was not kept)."""
+        chain = self._finished_chains.pop(request_id, None) or []
+        block_ids = self.block_manager.cached_block_ids(chain[skip_blocks:])
+        if not block_ids:
+            return None
+        return chain[skip_blocks : skip_blocks + len(block_ids)], self.runner.kv.read_blocks(block_ids)
+
     def can_admit(self, num_tokens: int) -> bool:
         """Room for a sequence of num_tokens (+1 to decode) now, in blocks and in the batch cap."""
         num_seqs = len(self.scheduler.running) + len(self.scheduler.waiting)
         return (
-            num_seqs < self.config.max_num_seqs
+            num_seqs < self.scheduler.max_num_seqs
             and self.block_manager.blocks_for(num_tokens + 1) <= self.block_manager.num_free_blocks
         )
 
@@ -182,6 +246,8 @@ class LLMEngine:
             raise ValueError(f"kv_data: {kv_data.shape[0]} blocks, {num_kv_tokens} tokens need {num_kv_blocks}")
         if not self.block_manager.allocate(seq):
             raise RuntimeError(f"{request_id}: no room for {seq.num_tokens} tokens (check can_admit first)")
+        if self.host is not None:
+            self.host.flush()
         self.runner.kv.write_blocks(seq.block_ids[:num_kv_blocks], kv_data)
         seq.num_computed_tokens = num_kv_tokens
         if count_as_cached:
@@ -192,11 +258,31 @@ class LLMEngine:
         self.scheduler.add_running(seq)
 
     def num_cached_blocks(self, block_hashes: list[bytes]) -> int:
-        """How many leading blocks of this chained-hash list are computed in the pool now."""
-        return self.block_manager.num_leading_cached(block_hashes)
+        """How many leading blocks of this chained-hash list are here now, in the pool or the host tier."""
+        return sum(self.cached_tiers(block_hashes))
+
+    def cached_tiers(self, block_hashes: list[bytes]) -> tuple[int, int]:
+        """(device, host): the leading blocks computed in the pool, then the next ones in host memory."""
+        num_device = self.block_manager.num_leading_cached(block_hashes)
+        num_host = self.host.num_leading(block_hashes, num_device) if self.host is not None else 0
+        return num_device, num_host
 
     def drain_kv_events(self) -> tuple[list[bytes], list[bytes]]:
+        """(stored, removed) block hashes of the device pool since the last call."""
         return self.block_manager.drain_events()
+
+    def cached_hashes(self) -> tuple[list[bytes], list[bytes]]:
+        """(device, host): every block hash the pool (computed) and the host tier hold now."""
+        host = list(self.host.cache.hashes()) if self.host is not None else []
+        return self.block_manager.cached_hashes(), host
+
+    def drain_host_events(self) -> tuple[list[bytes], list[bytes]]:
+        """(stored, removed) block hashes of the host tier since the last call."""
+        return self.host.cache.drain_events() if self.host is not None else ([], [])
+
+    def prefetch_to_host(self, block_hashes: list[bytes], data: torch.Tensor) -> int:
+        """Keep fetched blocks ([n, *block_shape]) in the host tier; how many were new (HostTier.keep)."""
+        return self.host.keep(block_hashes, data) if self.host is not None else 0
 
     # ---- introspection -----------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -214,6 +300,8 @@ class LLMEngine:
             num_generated_tokens=self._num_generated,
             num_pinned=len(self._pinned),
             mean_batch_size=self._num_scheduled / max(self._num_steps, 1),
+            num_host_blocks=len(self.host.cache) if self.host is not None else 0,
+            num_host_hit_blocks=self.host.cache.num_hits if self.host is not None else 0,
         )
 
     # ---- internals ---------------------------------------------------------------------------
@@ -265,6 +353,12 @@ class LLMEngine:
     def _blocks_for_memory(lm: LoadedModel, config: EngineConfig) -> int:
         per_block = ModelRunner.block_bytes(lm, config.block_size, _kv_dtype(config))
         return max(1, int(config.kv_cache_memory_gb * 2**30 // per_block))
+
+
+def _step_shape(batch: ScheduledBatch) -> tuple[int, int, int]:
+    """(sequences, prefill tokens, context tokens read) of a scheduled batch, before it runs."""
+    prefill = sum(n for seq, n in zip(batch.seqs, batch.num_new_tokens) if not seq.is_prefill_done)
+    return len(batch.seqs), prefill, sum(seq.num_computed_tokens for seq in batch.seqs)
 
 
 def _kv_dtype(config: EngineConfig) -> torch.dtype | None:

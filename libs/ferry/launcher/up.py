@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ferry.launcher import SERVICE_MODULES
 from ferry.launcher.endpoints import DEFAULT_NATS_MONITOR_PORT, DEFAULT_NATS_PORT, print_urls, start_servers
+from ferry.model.source import DEFAULT_MODEL, DEMO_MODEL, model_problem, resolve_model
 
 STOP_GRACE_S = 10.0
 SMALL_MACHINE_CORES = 4
@@ -58,7 +59,12 @@ class Child:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, help="checkpoint folder; without it a tiny random demo model")
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"checkpoint folder, .gguf file, {DEFAULT_MODEL} (SmolLM2-135M-Instruct, the default) "
+        f"or {DEMO_MODEL} (a tiny random-weight model)",
+    )
     parser.add_argument(
         "--layout",
         choices=("auto", "split", "both"),
@@ -148,16 +154,17 @@ def _raise_stop(signum, frame) -> None:
     raise StopRequested(signum)
 
 
-def _model(model: Path | None, run_dir: Path) -> Path:
-    if model is not None:
-        if not (model / "config.json").is_file():
-            raise SystemExit(f"ferry up: --model {model}: no config.json there")
-        return model
+def _model(model: str, run_dir: Path) -> Path:
+    if model != DEMO_MODEL:
+        problem = model_problem(model)
+        if problem:
+            raise SystemExit(f"ferry up: --model {model}: {problem}")
+        return resolve_model(model)
     from ferry.model.make_model import make_model
 
     path = make_model(run_dir / "demo-model", "llama", "tiny")
     print(
-        f"ferry up: no --model given: serving a tiny demo model at {path}; its weights are random, "
+        f"ferry up: --model {DEMO_MODEL}: serving a tiny demo model at {path}; its weights are random, "
         "so its output is gibberish",
         flush=True,
     )

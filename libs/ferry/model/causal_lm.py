@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
+from ferry.kernels import ATTENTION_BACKENDS
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
 from ferry.model.cpu_linear import Linear
@@ -14,8 +17,11 @@ from ferry.model.kv_cache import PagedKVCache
 from ferry.model.layers import GatedMLP, RMSNorm
 from ferry.model.rope import Rotary
 
+if TYPE_CHECKING:
+    from ferry.model.mla import MLAttention
 
-def _attention_class(cfg: ModelConfig) -> type[nn.Module]:
+
+def _attention_class(cfg: ModelConfig) -> type[GQAttention | MLAttention]:
     if cfg.is_mla:
         from ferry.model.mla import MLAttention
 
@@ -67,23 +73,35 @@ class CausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self.rotary = make_rotary(cfg)
+        self.attention_backend = "cpu"
 
     def tie_weights(self) -> None:
         """Shares the embedding with lm_head when the config says so (again after to_empty, which unties)."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def set_attention_backend(self, backend: str) -> None:
+        """Every attention layer runs backend (one of ATTENTION_BACKENDS, see ferry.kernels.backend) from
+        now on: chosen once, not per call."""
+        if backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention backend: {backend!r}, expected one of {ATTENTION_BACKENDS}")
+        for layer in self.model.layers:
+            layer.self_attn.backend = backend  # type: ignore[union-attr]  # a DecoderLayer's attention module
+        self.attention_backend = backend
+
     def fuse_projections(self) -> None:
         """After loading: q/k/v and gate/up each become one matmul (parameters become slices)."""
         for module in self.modules():
-            if module is not self and hasattr(module, "fuse"):
-                module.fuse()
+            fuse = getattr(module, "fuse", None)
+            if module is not self and callable(fuse):
+                fuse()
 
     def prepack_cpu_weights(self) -> None:
         """After fuse_projections, on the CPU: every weight matmul gets oneDNN's packed copy (cpu_linear)."""
         for module in self.modules():
-            if module is not self and hasattr(module, "prepack"):
-                module.prepack()
+            prepack = getattr(module, "prepack", None)
+            if module is not self and callable(prepack):
+                prepack()
 
     @torch.inference_mode()
     def forward(

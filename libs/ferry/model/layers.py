@@ -31,7 +31,7 @@ def fuse_linears(*linears: nn.Linear) -> FusedProjection:
     for lin in linears:
         end = start + lin.out_features
         lin.weight = nn.Parameter(weight[start:end], requires_grad=False)
-        lin.is_fused = True
+        lin.is_fused = True  # type: ignore[assignment]  # a plain attribute, not a tensor or module
         if bias is not None:
             lin.bias = nn.Parameter(bias[start:end], requires_grad=False)
         start = end
@@ -49,7 +49,8 @@ class GatedMLP(nn.Module):
         self.gate_up: FusedProjection | None = None
 
     def fuse(self) -> None:
-        self.gate_up = fuse_linears(self.gate_proj, self.up_proj)
+        if not self.gate_proj.is_fused:  # a MoE expert whose weights GroupedExperts already stacked
+            self.gate_up = fuse_linears(self.gate_proj, self.up_proj)
 
     def prepack(self) -> None:
         if self.gate_up is not None:

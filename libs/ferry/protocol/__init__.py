@@ -12,6 +12,7 @@ from ferry.protocol.codec import (
 )
 from ferry.protocol.messages import (
     FINISH_REASONS,
+    KV_TIERS,
     ROLES,
     BlockRef,
     Cancel,
@@ -23,6 +24,8 @@ from ferry.protocol.messages import (
     KvEvent,
     KvLookup,
     KvLookupReply,
+    KvPrefetch,
+    KvResync,
     KvStats,
     KvStatsRequest,
     LoadReport,
@@ -33,11 +36,13 @@ from ferry.protocol.messages import (
     SubmitRequest,
     TokenEvent,
     TokenLogprob,
+    TrafficForecast,
 )
 
 __all__ = [
     "FINISH_REASONS",
     "HASH_BYTES",
+    "KV_TIERS",
     "MAX_MESSAGE_BYTES",
     "PROTOCOL_VERSION",
     "ROLES",
@@ -52,6 +57,8 @@ __all__ = [
     "KvEvent",
     "KvLookup",
     "KvLookupReply",
+    "KvPrefetch",
+    "KvResync",
     "KvStats",
     "KvStatsRequest",
     "LoadReport",
@@ -63,6 +70,7 @@ __all__ = [
     "SubmitRequest",
     "TokenEvent",
     "TokenLogprob",
+    "TrafficForecast",
     "decode",
     "encode",
     "hash_block",

@@ -266,6 +266,8 @@ class LoadReport:
     decodes: bool = False
     """A prefill worker that also decodes what it prefilled (`FERRY_ROLE=both`): no hand-off leaves
     it, and the gateway counts it as a decode worker too."""
+    weights_dtype: str = ""
+    """What the worker's weight matmuls hold (float32, bfloat16, int8, ...; '' = not said)."""
 
     def __post_init__(self) -> None:
         _require(self.role in ROLES, "role", self.role, f"must be one of {ROLES}")
@@ -277,6 +279,42 @@ class LoadReport:
     @property
     def kv_usage(self) -> float:
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 1.0
+
+
+@message("forecast")
+@dataclass(slots=True)
+class TrafficForecast:
+    """gateway / prefill-balancer -> anyone on `ferry.forecast.<source>`: the arrivals it measured
+    and a short-horizon forecast of them (ferry.slo.forecast), every report interval."""
+
+    source: str
+    """Who measured: '<service>-<instance>' (a subject token)."""
+    timestamp: float
+    interval_s: float
+    """Arrivals are counted per interval of this length."""
+    rate_rps: float
+    """Requests/s now (EWMA of closed intervals)."""
+    forecast_rps: float
+    """The highest rate forecast within horizon_s (Holt-Winters once a season is seen)."""
+    horizon_s: float
+    mean_prompt_tokens: float
+    mean_output_tokens: float
+    """Requested output tokens per request (max_tokens), an EWMA."""
+    num_requests: int = 0
+    """Requests seen since the source started."""
+    is_seasonal: bool = False
+    """True once a whole season (a day) has been seen: forecast_rps follows the day-night shape."""
+
+    def __post_init__(self) -> None:
+        _require(_is_token(self.source), "source", self.source, "must be a subject token")
+        _require(self.interval_s > 0, "interval_s", self.interval_s, "must be > 0")
+        for name in ("rate_rps", "forecast_rps", "horizon_s", "mean_prompt_tokens", "mean_output_tokens"):
+            _require(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
+        _require(self.num_requests >= 0, "num_requests", self.num_requests, "must be >= 0")
+
+
+KV_TIERS = ("device", "host", "remote")
+"""Where a KV block can be, fastest first: a worker's pool, its host memory, the shared store."""
 
 
 @message("kv_event")
@@ -291,11 +329,41 @@ class KvEvent:
     """'store' for the shared Redis store, else the worker id whose pool changed."""
     block_hashes: list[bytes] = field(default_factory=list)
     timestamp: float = 0.0
+    tier: str = "device"
+    """Which memory of `where`: 'device' (a worker's KV pool), 'host' (the blocks a worker evicted
+    from its pool, kept in host memory) or 'remote' (the store)."""
 
     def __post_init__(self) -> None:
         _require(
             self.kind in ("stored", "removed", "cleared"), "kind", self.kind, "must be 'stored', 'removed' or 'cleared'"
         )
+        _require(self.tier in KV_TIERS, "tier", self.tier, f"must be one of {KV_TIERS}")
+
+
+@message("kv_prefetch")
+@dataclass(slots=True)
+class KvPrefetch:
+    """Blocks a routed request will need, sent to the worker it was routed to on `ferry.kv.prefetch.<id>`
+    so the worker can fetch them from the store into its host tier while the request is queued."""
+
+    request_id: str
+    """Cancelling this request cancels the prefetch."""
+    kv_namespace: str
+    block_hashes: list[bytes]
+    """Leading blocks of the prompt, in chain order; the worker skips those it holds."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.block_hashes), "block_hashes", self.block_hashes, "must not be empty")
+
+
+@message("kv_resync")
+@dataclass(slots=True)
+class KvResync:
+    """On `ferry.kv.resync`, from a prefill-balancer that (re)started with an empty prefix index: every
+    prefill worker and the kvcache service publish all they hold as 'stored' `KvEvent`s."""
+
+    requester: str = ""
+    """Who asked (logs only)."""
 
 
 @message("kv_lookup")

@@ -20,6 +20,11 @@ LOAD_ALL = "ferry.load.>"
 KV_EVENTS = "ferry.kv.events"
 KV_LOOKUP = "ferry.kv.lookup"
 KV_STATS = "ferry.kv.stats"
+KV_PREFETCH_ALL = "ferry.kv.prefetch.>"
+KV_RESYNC = "ferry.kv.resync"
+"""prefill-balancer -> prefill workers and kvcache, broadcast: republish what you hold (`KvResync`)."""
+FORECAST_ALL = "ferry.forecast.>"
+"""Every source's TrafficForecast."""
 
 WORK_STREAM = "FERRY_WORK"
 """JetStream stream with work-queue retention over WORK_ALL."""
@@ -61,6 +66,11 @@ def out(gateway_id: str) -> str:
     return f"ferry.out.{_token(gateway_id, 'gateway_id')}"
 
 
+def kv_prefetch(worker_id: str) -> str:
+    """prefill-balancer -> one worker: start fetching these blocks into your host tier (`KvPrefetch`)."""
+    return f"ferry.kv.prefetch.{_token(worker_id, 'worker_id')}"
+
+
 def load(role: str, worker_id: str) -> str:
     return f"ferry.load.{_role(role)}.{_token(worker_id, 'worker_id')}"
 
@@ -68,3 +78,8 @@ def load(role: str, worker_id: str) -> str:
 def load_role(role: str) -> str:
     """Wildcard for every worker's load reports of one role."""
     return f"ferry.load.{_role(role)}.*"
+
+
+def forecast(source: str) -> str:
+    """Where `source` publishes its TrafficForecast."""
+    return f"ferry.forecast.{_token(source, 'source')}"

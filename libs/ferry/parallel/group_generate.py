@@ -1,0 +1,87 @@
+"""`ferry generate --ep-size N`: N spawned rank processes hold one model between them; the prompts
+are dealt out round-robin (attention data-parallel), the ranks step in lockstep, rank 0 gathers
+every result in prompt order and each rank's load."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ferry.engine.config import EngineConfig
+from ferry.parallel.eplb import EplbConfig
+from ferry.parallel.lockstep import GroupAddress, LockstepEngine, init_group, load_rank_engine, split_round_robin
+from ferry.parallel.placement import ExpertPlacement
+from ferry.parallel.rebalance import Rebalancer
+from ferry.parallel.shard import expert_parallel_layers
+
+
+@dataclass(slots=True)
+class RankLoad:
+    rank: int
+    num_requests: int
+    """Requests whose attention and KV this rank held."""
+    expert_tokens: int
+    """Token-expert pairs its routed experts computed, all layers."""
+    num_rebalances: int
+    """Times EPLB re-placed its experts."""
+    num_experts_loaded: int
+    """Experts it loaded from the checkpoint when a new placement gave it experts it lacked."""
+
+
+@dataclass(slots=True)
+class GroupRun:
+    results: list[dict]
+    """One result dict per prompt, in order, as generate() gives them."""
+    ranks: list[RankLoad]
+
+
+def generate_on_group(
+    model: str | Path,
+    prompts: list,
+    sampling,
+    config: EngineConfig,
+    ep_size: int,
+    placement: ExpertPlacement | None = None,
+    eplb: EplbConfig | None = None,
+) -> GroupRun:
+    """Runs every prompt on an ep_size-rank group. placement: which rank holds which experts
+    (default contiguous, no copies); eplb: re-place experts as the load shows."""
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    address = GroupAddress.free_local()
+    args = (ep_size, address, str(model), prompts, sampling, config, placement, eplb, results)
+    mp.spawn(_rank_main, args=args, nprocs=ep_size)
+    return results.get()
+
+
+def _rank_main(rank, ep_size, address, model, prompts, sampling, config, placement, eplb, results) -> None:
+    import torch
+
+    from ferry.engine.generate_cli import generate
+
+    torch.set_num_threads(1)  # the group's ranks share the machine's cores
+    group = init_group(address, rank, ep_size)
+    engine = load_rank_engine(model, config, rank, ep_size, placement, eplb)
+    rebalancer = Rebalancer(engine.lm, rank, eplb, group) if eplb else None
+    mine = split_round_robin(prompts, rank, ep_size)
+    local = generate(LockstepEngine(engine, group, rebalancer), [prompts[i] for i in mine], sampling)
+    load = RankLoad(
+        rank,
+        len(mine),
+        sum(layer.computed_tokens for _, layer in expert_parallel_layers(engine.lm)),
+        rebalancer.num_rebalances if rebalancer else 0,
+        rebalancer.num_experts_loaded if rebalancer else 0,
+    )
+    gathered: list[Any] | None = [None] * ep_size if rank == 0 else None
+    dist.gather_object((list(zip(mine, local)), load), gathered, dst=0, group=group)
+    if gathered is not None:  # rank 0
+        ordered: list = [None] * len(prompts)
+        for part, _ in gathered:
+            for index, result in part:
+                ordered[index] = result
+        results.put(GroupRun(ordered, [load for _, load in gathered]))
+    dist.destroy_process_group()

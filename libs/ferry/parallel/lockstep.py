@@ -1,0 +1,109 @@
+"""The ranks of one expert-parallel group step together.
+
+Attention is data-parallel: each rank owns its own sequences and KV blocks and runs its own engine.
+Every MoE layer of every step is an all-to-all across the group, so all ranks take the same number
+of steps: a rank with nothing scheduled still steps (its layers join with no tokens), and the group
+stops only when no rank has work left (an all-reduce per step).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ferry.engine.config import EngineConfig
+from ferry.engine.llm_engine import LLMEngine
+from ferry.engine.outputs import RequestOutput
+from ferry.model import load_model
+from ferry.parallel.eplb import EplbConfig
+from ferry.parallel.placement import ExpertPlacement
+from ferry.parallel.rebalance import Rebalancer, initial_placement
+from ferry.parallel.shard import shard_experts
+
+
+@dataclass(slots=True)
+class GroupAddress:
+    """Where rank 0 listens for the group's rendezvous (torch.distributed's TCP store)."""
+
+    host: str
+    port: int
+
+    @classmethod
+    def free_local(cls) -> GroupAddress:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return cls("127.0.0.1", sock.getsockname()[1])
+
+
+def init_group(address: GroupAddress, rank: int, world_size: int, timeout_s: float = 60.0) -> dist.ProcessGroup:
+    """Joins the group (gloo on the CPU, NCCL when this rank has a GPU); -> the default group."""
+    from datetime import timedelta
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{address.host}:{address.port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    assert dist.group.WORLD is not None  # init_process_group made it
+    return dist.group.WORLD
+
+
+def load_rank_engine(
+    path: str | Path,
+    config: EngineConfig,
+    rank: int,
+    ep_size: int,
+    placement: ExpertPlacement | None = None,
+    eplb: EplbConfig | None = None,
+) -> LLMEngine:
+    """This rank's engine: the model with only its routed experts, its own KV pool and scheduler.
+    placement: default contiguous, or with eplb its initial placement (spare slots as copies)."""
+    lm = load_model(path, device=config.device, dtype=config.dtype)
+    cfg = lm.config
+    if placement is None:
+        placement = (
+            initial_placement(cfg.n_routed_experts, cfg.n_group, ep_size, eplb)
+            if eplb
+            else ExpertPlacement.contiguous(cfg.n_routed_experts, ep_size)
+        )
+    shard_experts(lm, placement, rank)
+    return LLMEngine(lm, config)
+
+
+class LockstepEngine:
+    """An LLMEngine whose has_unfinished_requests() asks the whole group: a rank keeps stepping
+    (idle) while any rank still has requests, so every rank's collectives meet. With a rebalancer,
+    experts are re-placed between steps."""
+
+    def __init__(
+        self, engine: LLMEngine, group: dist.ProcessGroup | None = None, rebalancer: Rebalancer | None = None
+    ) -> None:
+        self.engine, self.group, self.rebalancer = engine, group, rebalancer
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self.engine.step()
+        if self.rebalancer is not None:
+            self.rebalancer.after_step()
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        busy = torch.tensor([int(self.engine.has_unfinished_requests())])
+        dist.all_reduce(busy, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(busy.item())
+
+    def __getattr__(self, name: str):  # add_request, step, tokenizer, stats: the rank's own engine
+        return getattr(self.engine, name)
+
+
+def split_round_robin(items: list, rank: int, world_size: int) -> list[int]:
+    """Indices of the items rank takes when a batch is dealt out to the group's ranks."""
+    return list(range(rank, len(items), world_size))
