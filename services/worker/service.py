@@ -10,13 +10,13 @@ so an autoscaler counting the consumer's pending messages never sees a replica w
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from ferry.bus import connect, ensure_work_stream, run_service
 from ferry.kvstore import KvStore, RedisTransport
 from ferry.metrics import start_metrics_server
 from ferry_services.worker.base import Worker, open_work_consumer
+from ferry_services.worker.compute import ComputeThread
 from ferry_services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -57,18 +57,18 @@ def check_model(model: str) -> None:
         raise SystemExit(f"ferry worker: FERRY_MODEL {model}: {exc}") from None
 
 
-def make_worker(nc, settings: WorkerSettings, engine, store) -> Worker:
+def make_worker(nc, settings: WorkerSettings, engine, store, compute: ComputeThread | None = None) -> Worker:
     if settings.role == "both":
         from ferry_services.worker.both import BothWorker
 
-        return BothWorker(nc, settings, engine, store)
+        return BothWorker(nc, settings, engine, store, compute)
     if settings.role == "prefill":
         from ferry_services.worker.prefill import PrefillWorker
 
-        return PrefillWorker(nc, settings, engine, store)
+        return PrefillWorker(nc, settings, engine, store, compute)
     from ferry_services.worker.decode import DecodeWorker
 
-    return DecodeWorker(nc, settings, engine, store)
+    return DecodeWorker(nc, settings, engine, store, compute)
 
 
 async def serve(settings: WorkerSettings) -> int:
@@ -79,7 +79,8 @@ async def serve(settings: WorkerSettings) -> int:
     nc = await connect(settings.nats_url, f"worker-{settings.worker_id}")
     await ensure_work_stream(nc.jetstream(), replicas=settings.work_replicas)
     consumer = await open_work_consumer(nc.jetstream(), settings)  # before the (slow) model load
-    engine = await asyncio.to_thread(build_engine, settings)
+    compute = ComputeThread()
+    engine = await compute.load(build_engine, settings)  # on the thread that will run every step
     log.info(
         "%s worker %s: model %s (%s), %d KV blocks",
         settings.role,
@@ -89,7 +90,7 @@ async def serve(settings: WorkerSettings) -> int:
         engine.stats().kv_blocks_total,
     )
     transport = RedisTransport(settings.redis_url)
-    worker = make_worker(nc, settings, engine, KvStore(transport, engine.kv_namespace))
+    worker = make_worker(nc, settings, engine, KvStore(transport, engine.kv_namespace), compute)
     await worker.start(consumer)
     start_metrics_server(settings.metrics_port)
     try:
