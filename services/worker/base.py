@@ -43,6 +43,10 @@ HALT_TIMEOUT_S = 5.0
 """Most time shutdown waits for the step in flight (and the publishing of its tokens) to end."""
 
 
+class _Fetch:
+    """`Worker.admit`'s default: fetch the KV there."""
+
+
 class Worker(Pulling, Reporting, abc.ABC):
     role = ""
     work_type: type = object
@@ -60,7 +64,9 @@ class Worker(Pulling, Reporting, abc.ABC):
     decodes = False
     """A prefill worker that decodes what it prefilled (both.py): its load reports say so."""
 
-    def __init__(self, nc: Client, settings: WorkerSettings, engine: Any, store: Any) -> None:
+    def __init__(
+        self, nc: Client, settings: WorkerSettings, engine: Any, store: Any, compute: ComputeThread | None = None
+    ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.settings = settings
@@ -68,7 +74,8 @@ class Worker(Pulling, Reporting, abc.ABC):
         self.engine = engine
         self.store = store
         self.namespace = store.namespace
-        self.compute = ComputeThread(engine)
+        self.compute = compute or ComputeThread(engine)
+        """The engine's thread; pass the one the engine was built on (compute.py says why)."""
         self.ledger = RequestLedger()
         is_cancelled = self.ledger.cancelled.__contains__
         self.handoffs = HandoffSender(nc, store, self.worker_id, settings.block_size, is_cancelled)
@@ -194,24 +201,33 @@ class Worker(Pulling, Reporting, abc.ABC):
         await self.nc.publish(subjects.out(request.gateway_id), encode(OutputBatch(self.worker_id, errors=[error])))
 
     # ---- pulled work: one way in -------------------------------------------------------------
-    async def accept(self, item: WorkItem) -> None:
-        """Every pulled message enters here: the ledger decides what it is, the rest follows."""
+    async def accept(self, items: list[WorkItem]) -> None:
+        """Every pulled message enters here, a fetched batch at a time: the ledger decides each in
+        pull order, then the new ones are admitted. In-order roles (prefill) fetch their KV one by one,
+        then queue every addition on the engine thread before the next step can be queued: a burst's
+        prompts are prefilled together, in steps of up to max_batch_tokens, not one step per prompt."""
+        works = [item.msg for item in items if await self._is_new(item)]
+        if not self.admits_in_pull_order:
+            for work in works:
+                self.spawn(self.admit(work))
+            return
+        kvs = [await self.fetch_kv(work) for work in works]
+        # gather starts the admissions in order; each queues its addition before it first waits
+        await asyncio.gather(*(self.admit(work, kv) for work, kv in zip(works, kvs)))
+
+    async def _is_new(self, item: WorkItem) -> bool:
         request = item.msg.request
         trace.hop(request.request_id, f"{self.role[0]}w.pulled")
         self.slo.on_pulled(request)
         admission = self.ledger.pulled(request, item)
         await self.apply(admission.effects)
-        if admission.decision is not Admit.NEW:
-            return
-        if self.admits_in_pull_order:
-            await self.admit(item.msg)
-        else:
-            self.spawn(self.admit(item.msg))
+        return admission.decision is Admit.NEW
 
-    async def admit(self, work: Any) -> None:
-        """Fetch what KV there is (the running batch keeps stepping meanwhile), then join the engine."""
+    async def admit(self, work: Any, kv: FetchedKV | type[_Fetch] | None = _Fetch) -> None:
+        """Fetch what KV there is unless given (the running batch keeps stepping meanwhile), then join the engine."""
         request: GenerateRequest = work.request
-        kv = await self.fetch_kv(work)
+        if kv is _Fetch:
+            kv = await self.fetch_kv(work)
         try:
             joined = await self.add_to_engine(request, join, self.engine, request, kv, self.kv_is_optional)
         except ValueError as exc:  # does not fit this engine: the client's fault, not retryable

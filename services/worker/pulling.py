@@ -1,5 +1,5 @@
 """How a worker takes work: a pull loop over its durable JetStream consumer that fetches as many
-queued messages as there is room for (variable-size batches) and hands each to `Worker.accept`.
+queued messages as there is room for (variable-size batches) and hands them to `Worker.accept`.
 Part of `Worker` (base.py). The consumer is opened before the model loads (`open_work_consumer`)
 and recreated if it disappears (JetStream restarted, or a balancer took this worker for dead).
 """
@@ -38,7 +38,7 @@ class Pulling:
     ledger: RequestLedger
     engine: Any
     has_room: asyncio.Event
-    accept: Callable[[WorkItem], Awaitable[None]]
+    accept: Callable[[list[WorkItem]], Awaitable[None]]
 
     async def pull_loop(self) -> None:
         assert self.consumer is not None, "start() first"
@@ -54,8 +54,7 @@ class Pulling:
             except ServiceUnavailableError:  # our consumer is gone: JetStream restarted, or a balancer took us for dead
                 await self.restore_consumer()
                 continue
-            for item in items:
-                await self.accept(item)
+            await self.accept(items)
 
     async def restore_consumer(self) -> None:
         """Recreate this worker's durable consumer (idempotent); the bound pull subscription then

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from ferry.dtypes import check_dtype_name
+from ferry.dtypes import WEIGHTS_DTYPES, check_dtype_name
 from ferry.model.source import served_name
 from ferry.settings import ServiceSettings, default_instance_id
 
@@ -54,6 +54,11 @@ class WorkerSettings(ServiceSettings):
     load_interval_s: float = Field(default=1.0, gt=0, description="seconds between load reports")
     device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:1, ...")
     dtype: str = Field(default="", description="model dtype (float32, bfloat16, ...); '' keeps the checkpoint's")
+    weights_dtype: str = Field(
+        default="auto",
+        description="how projection weights are held: auto keeps the checkpoint's, int8/int4 quantize them "
+        "group-wise at load (a quarter/an eighth of fp32's bytes per decode step); part of the KV namespace",
+    )
     kv_cache_dtype: str = Field(
         default="",
         description="KV cache dtype; '' = the model's. bfloat16 under an fp32 model halves KV memory "
@@ -70,6 +75,13 @@ class WorkerSettings(ServiceSettings):
         "(decode) or given back to the gateway to resubmit (prefill); keep it a few seconds under the orchestrator's "
         "stop grace period (compose stop_grace_period, k8s terminationGracePeriodSeconds)",
     )
+
+    @field_validator("weights_dtype")
+    @classmethod
+    def _weights_dtype(cls, value: str) -> str:
+        if value not in WEIGHTS_DTYPES:
+            raise ValueError(f"weights_dtype: unsupported {value!r}, expected one of {WEIGHTS_DTYPES}")
+        return value
 
     @field_validator("kv_cache_dtype")
     @classmethod

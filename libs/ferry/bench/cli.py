@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from ferry.dtypes import WEIGHTS_DTYPES
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offline", action="store_true", help="benchmark the engine in-process (needs --model)")
@@ -39,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--systems", default="dynamic,static,static_padded,transformers", help="default %(default)s")
     o.add_argument("--max-num-seqs", type=int, default=32, help="batch cap of every system (default %(default)s)")
     o.add_argument("--num-kv-blocks", type=int, default=4096)
+    o.add_argument(
+        "--weights-dtype",
+        choices=WEIGHTS_DTYPES,
+        default="auto",
+        help="how ferry's engines hold projection weights (default auto: the checkpoint's)",
+    )
     o.add_argument(
         "--rate-fractions",
         default="0.5,0.8",
@@ -168,6 +176,7 @@ def _run_offline(args: argparse.Namespace, workload, out: Path) -> int:
         workload=workload,
         max_num_seqs=args.max_num_seqs,
         num_kv_blocks=args.num_kv_blocks,
+        weights_dtype=args.weights_dtype,
         rate_fractions=fractions,
         systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
         online_requests=args.online_requests,

@@ -75,6 +75,8 @@ class OfflineConfig:
     """Batch cap of every system (engine running cap; transformers batch size)."""
     max_num_batched_tokens: int = 2048
     num_kv_blocks: int = 4096
+    weights_dtype: str = "auto"
+    """How ferry's engines hold projection weights (load_model's weights_dtype)."""
     systems: tuple[str, ...] = SYSTEMS
     rate_fractions: tuple[float, ...] = (0.5, 0.8)
     """Online arrival rates as fractions of rate_basis's offline requests/s; the first is the
@@ -125,7 +127,7 @@ class OfflineConfig:
 
 def run_offline(cfg: OfflineConfig) -> dict:
     torch.set_num_threads(cfg.threads)
-    lm = load_model(cfg.model, device=cfg.device)
+    lm = load_model(cfg.model, device=cfg.device, weights_dtype=cfg.weights_dtype)
     requests = make_workload(cfg.workload)
     at_once = [0.0] * len(requests)
     turns = {
@@ -211,6 +213,7 @@ def _report(
         "model": str(cfg.model),
         "model_fingerprint": lm.fingerprint,
         "threads": cfg.threads,
+        "weights_dtype": lm.weights_dtype,
         "config": {**asdict(cfg), "model": str(cfg.model), "out_dir": str(cfg.out_dir)},
         "machine_matmul_gflops": peak,
         "labels": LABELS,

@@ -11,6 +11,7 @@ import torch
 
 from ferry.bench.offline_turns import RunResult
 from ferry.model import LoadedModel
+from ferry.model.quant_linear import QuantLinear
 
 LABELS = {
     "dynamic": "dynamic",
@@ -100,11 +101,12 @@ def matmul_gflops(seconds: float = 1.0, size: int = 1024) -> float:
 
 def model_flops_per_token(lm: LoadedModel) -> float:
     """2 x the parameters a token multiplies through (embedding lookup excluded)."""
-    embed = lm.model.model.embed_tokens.weight.numel()
+    embed_weight = lm.model.model.embed_tokens.weight
     params = sum(p.numel() for p in lm.model.parameters())
-    if lm.config.tie_word_embeddings:
-        embed = 0  # the tied matrix is also the LM head, which is a matmul
-    return 2.0 * (params - embed)
+    params += sum(m.in_features * m.out_features for m in lm.model.modules() if isinstance(m, QuantLinear))
+    if getattr(lm.model.lm_head, "weight", None) is embed_weight:
+        return 2.0 * params  # the tied matrix is also the LM head, which is a matmul
+    return 2.0 * (params - embed_weight.numel())
 
 
 # ---- plots ---------------------------------------------------------------------------------------

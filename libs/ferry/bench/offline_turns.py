@@ -129,6 +129,7 @@ def engine_turns(
     with the others that arrived as one padded batch (static_batch). With `adaptive`, the SLO
     controller sets the cap and chunk budget before every step (its work is on the clock)."""
     engine = LLMEngine(lm, config)
+    engine.warmup()  # as a worker does before it takes work: no kernel build or graph capture in the timing
     _warm_up(engine)
     before = engine.stats()
     wanted = {r.index: r.max_tokens for r in requests}

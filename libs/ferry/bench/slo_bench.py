@@ -129,7 +129,8 @@ def build_report(cfg, trace, requests, arrivals, results, adaptive, targets) -> 
     duration = trace["duration_s"]
     edges = [duration * k / cfg.num_windows for k in range(cfg.num_windows + 1)]
     window_of = [min(int(a / duration * cfg.num_windows), cfg.num_windows - 1) for a in arrivals]
-    systems, windows = {}, {"start_s": edges[:-1], "offered_rps": _offered(window_of, edges)}
+    systems: dict[str, dict] = {}
+    windows: dict[str, object] = {"start_s": edges[:-1], "offered_rps": _offered(window_of, edges)}
     for name, result in results.items():
         rows = per_request(result, requests)
         good = {i for i, (ttft, tpot) in rows.items() if meets(ttft, tpot, targets)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ferry.bench.plots import _save, pyplot
+from ferry.bench.plots import pyplot, save_figure
 
 
 def write_plots(out_dir: Path, report: dict) -> list[str]:
@@ -32,7 +32,7 @@ def _attainment(path: Path, report: dict) -> None:
     ax.legend(fontsize=7, loc="lower left")
     t = report["targets"]
     ax.set_title(f"SLO attainment over time (TTFT <= {t['ttft_ms']:g} ms, TPOT <= {t['tpot_ms']:g} ms)")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _caps(path: Path, report: dict) -> None:
@@ -50,7 +50,7 @@ def _caps(path: Path, report: dict) -> None:
     rep.set_ylabel("desired replicas (dashed)")
     ax.legend(fontsize=7, loc="upper left")
     ax.set_title("adaptive batch cap over the trace (dotted: the fixed caps)")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _goodput(path: Path, report: dict) -> None:
@@ -60,7 +60,7 @@ def _goodput(path: Path, report: dict) -> None:
     values = [report["systems"][n]["goodput_rps"] for n in names]
     ax.bar(names, values, color=["black" if n == "adaptive" else "C0" for n in names])
     ax.set(ylabel="goodput (req/s meeting both targets)", title="goodput over the whole trace")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def write_markdown(out_dir: Path, report: dict) -> None:

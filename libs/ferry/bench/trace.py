@@ -101,7 +101,9 @@ def day_night_trace(cfg: DayNightConfig) -> tuple[list[WorkloadRequest], list[fl
     days = [day * cfg.day_s for day in range(cfg.num_days) for _ in range(cfg.num_bursts)]
     bursts = sorted(start + rng.uniform(0.1, 0.9) * cfg.day_s for start in days)
     max_rate = cfg.peak_rps * cfg.burst_factor
-    requests, arrivals, t = [], [], 0.0
+    requests: list[WorkloadRequest] = []
+    arrivals: list[float] = []
+    t = 0.0
     while True:
         t += rng.expovariate(max_rate)
         if t >= cfg.duration_s:
@@ -185,7 +187,8 @@ def replay_trace(
         raise ValueError(f"--trace-speedup {speedup}: must be > 0")
     rng = random.Random(seed)
     blocks: dict[int, list[int]] = {}
-    requests, arrivals = [], []
+    requests: list[WorkloadRequest] = []
+    arrivals: list[float] = []
     for rec in records[:max_requests]:
         prompt = []
         for block in rec.block_ids:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ferry.dtypes import DTYPE_NAMES
+from ferry.dtypes import DTYPE_NAMES, WEIGHTS_DTYPES
 
 BATCHING_MODES = ("dynamic", "static")
 ENGINE_ROLES = ("both", "prefill", "decode")
@@ -38,6 +38,9 @@ class EngineConfig:
     None reads FERRY_ATTENTION. Resolved once when the engine is built (ferry.kernels.backend)."""
     dtype: str | None = None
     """Model dtype; None keeps the checkpoint's."""
+    weights_dtype: str = "auto"
+    """How projection weights are held, one of WEIGHTS_DTYPES: 'auto' keeps the checkpoint's, float32 /
+    bfloat16 set the model dtype, int8 / int4 quantize them group-wise at load (ferry.model.quant_linear)."""
     kv_cache_dtype: str | None = None
     """dtype of the paged KV cache, one of KV_CACHE_DTYPES; None: the model's. 'bfloat16' under an fp32
     model halves the memory per cached token and the bytes CPU decode attention reads (the fused kernel
@@ -84,6 +87,12 @@ class EngineConfig:
         _require(self.host_cache_blocks >= 0, "host_cache_blocks", self.host_cache_blocks, "must be >= 0")
         _require(self.batching in BATCHING_MODES, "batching", self.batching, f"must be one of {BATCHING_MODES}")
         _require(self.role in ENGINE_ROLES, "role", self.role, f"must be one of {ENGINE_ROLES}")
+        _require(
+            self.weights_dtype in WEIGHTS_DTYPES,
+            "weights_dtype",
+            self.weights_dtype,
+            f"must be one of {WEIGHTS_DTYPES}",
+        )
         _require(
             self.kv_cache_dtype is None or self.kv_cache_dtype in KV_CACHE_DTYPES,
             "kv_cache_dtype",

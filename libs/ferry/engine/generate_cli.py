@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ferry.engine.config import KV_CACHE_DTYPES, EngineConfig
+from ferry.engine.config import KV_CACHE_DTYPES, WEIGHTS_DTYPES, EngineConfig
 
 
 class InputError(Exception):
@@ -41,12 +41,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size (default: 1 GiB)")
     parser.add_argument("--no-prefix-caching", action="store_true")
+    add_weights_dtype_argument(parser)
     parser.add_argument(
         "--kv-cache-dtype",
         choices=KV_CACHE_DTYPES,
         default=None,
         help="KV cache dtype (default: the model's); bfloat16 halves KV memory and CPU decode "
         "attention's reads, rounding keys and values once when written",
+    )
+
+
+def add_weights_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """--weights-dtype, shared by generate, up and bench."""
+    parser.add_argument(
+        "--weights-dtype",
+        choices=WEIGHTS_DTYPES,
+        default="auto",
+        help="how projection weights are held (default auto: the checkpoint's); int8/int4 quantize them "
+        "group-wise at load and multiply with on-the-fly dequantization",
     )
 
 
@@ -84,6 +96,7 @@ def _run(args: argparse.Namespace) -> int:
             batching=args.batching,
             enable_prefix_caching=not args.no_prefix_caching,
             kv_cache_dtype=args.kv_cache_dtype,
+            weights_dtype=args.weights_dtype,
         )
     except ValueError as exc:
         raise InputError(str(exc)) from None

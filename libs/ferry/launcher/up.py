@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ferry.dtypes import WEIGHTS_DTYPES
 from ferry.launcher import SERVICE_MODULES
 from ferry.launcher.endpoints import DEFAULT_NATS_MONITOR_PORT, DEFAULT_NATS_PORT, print_urls, start_servers
 from ferry.model.source import DEFAULT_MODEL, DEMO_MODEL, model_problem, resolve_model
@@ -107,6 +108,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--redis-url",
         default=os.environ.get("REDIS_URL", ""),
         help="use this Redis (default $REDIS_URL; none: start redis-server)",
+    )
+    parser.add_argument(
+        "--weights-dtype",
+        choices=WEIGHTS_DTYPES,
+        help="how workers hold projection weights (FERRY_WEIGHTS_DTYPE; default auto: the checkpoint's)",
     )
     parser.add_argument("--num-kv-blocks", type=int, help="KV blocks per worker (FERRY_NUM_KV_BLOCKS)")
     parser.add_argument("--max-running", type=int, help="batch cap per worker (FERRY_MAX_RUNNING)")
@@ -200,6 +206,7 @@ def plan_services(args: argparse.Namespace, model_dir: Path, nats_url: str, redi
     worker_env = {
         k: str(v)
         for k, v in (
+            ("FERRY_WEIGHTS_DTYPE", args.weights_dtype),
             ("FERRY_NUM_KV_BLOCKS", args.num_kv_blocks),
             ("FERRY_MAX_RUNNING", args.max_running),
             ("FERRY_MAX_BATCH_TOKENS", args.max_batch_tokens),

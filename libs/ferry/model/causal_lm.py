@@ -15,6 +15,7 @@ from ferry.model.cpu_linear import Linear
 from ferry.model.dense_attention import GQAttention
 from ferry.model.kv_cache import PagedKVCache
 from ferry.model.layers import GatedMLP, RMSNorm
+from ferry.model.quant_linear import QuantLinear
 from ferry.model.rope import Rotary
 
 if TYPE_CHECKING:
@@ -87,6 +88,9 @@ class CausalLM(nn.Module):
             raise ValueError(f"attention backend: {backend!r}, expected one of {ATTENTION_BACKENDS}")
         for layer in self.model.layers:
             layer.self_attn.backend = backend  # type: ignore[union-attr]  # a DecoderLayer's attention module
+        for module in self.modules():  # quantized weight matmuls pick their kernel the same way
+            if isinstance(module, QuantLinear):
+                module.backend = backend
         self.attention_backend = backend
 
     def fuse_projections(self) -> None:
@@ -127,7 +131,7 @@ class CausalLM(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> PagedKVCache:
-        weight = self.lm_head.weight
+        weight = self.model.embed_tokens.weight  # in the model dtype also when lm_head is quantized
         return _attention_class(self.config).make_kv_cache(
             self.config, num_blocks, block_size, device or weight.device, dtype or weight.dtype
         )
