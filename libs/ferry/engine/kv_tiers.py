@@ -5,17 +5,21 @@ Everything here runs on the engine thread, except the read-only lookups noted as
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import torch
 
 from ferry.engine.block_manager import BlockManager
 from ferry.engine.host_tier import HostTier
 
+if TYPE_CHECKING:
+    from ferry.engine.runner import ModelRunner
+
 
 class KvTiers:
     block_manager: BlockManager
     host: HostTier | None
-    runner: object
+    runner: ModelRunner
     _finished_chains: OrderedDict[str, list[bytes]]
     _max_finished_chains: int
 
