@@ -12,6 +12,8 @@ the same padded buffers eagerly, which is how the CPU tests check the padding.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ferry.model import AttentionMetadata
@@ -43,9 +45,9 @@ class DecodeGraphs:
         if device.type == "cuda":
             self._host = self._host.pin_memory()
         self._device = torch.zeros_like(self._host, device=device)
-        self._graphs: dict[int, tuple[object, torch.Tensor]] = {}
+        self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # bucket: (CUDAGraph or None, its logits)
         self._context_lens: tuple[int, ...] = ()
-        self._pool = None
+        self._pool: Any = None  # the graphs share one memory pool
 
     def runs(self, num_new_tokens: list[int]) -> bool:
         """True for a pure-decode step that fits a bucket."""
@@ -56,6 +58,7 @@ class DecodeGraphs:
         -> [B, vocab] logits."""
         num_seqs = len(token_ids)
         bucket = bucket_for(num_seqs, self.buckets)
+        assert bucket is not None, "run() only steps that runs() accepts"
         self._fill(token_ids, context_lens, block_tables, bucket)
         if bucket not in self._graphs:  # not warmed up: prepared now, on this step's inputs
             self._graphs[bucket] = self._prepare(bucket)
