@@ -35,6 +35,10 @@ class ModelRunner:
 
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """-> [B, vocab] float32 logits of each scheduled sequence's last new token."""
+        return self.lm.model(*self.prepare(batch), self.kv)
+
+    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """-> the forward's input_ids [T], positions [T] and attention metadata for batch."""
         input_ids: list[int] = []
         positions: list[int] = []
         context_lens: list[int] = []
@@ -48,7 +52,7 @@ class ModelRunner:
         )
         ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)  # [T]
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)  # [T]
-        return self.lm.model(ids, pos, meta, self.kv)
+        return ids, pos, meta
 
     @staticmethod
     def block_bytes(lm: LoadedModel, block_size: int, kv_dtype: torch.dtype | None = None) -> int:

@@ -82,15 +82,17 @@ class ExpertParallelMoE(nn.Module):
         send_splits = send_counts.view(num_ranks, num_slots).sum(1).tolist()
         recv_splits = recv_counts.view(num_ranks, num_slots).sum(1).tolist()
         received = x.new_empty(sum(recv_splits), x.shape[1])
-        yield from self._all_to_all(received, x[order // top_k], recv_splits, send_splits)
+        dispatch = self._launch(received, x[order // top_k], recv_splits, send_splits)
+        # the shared experts need no other rank: they compute while the tokens travel
+        shared = self.shared_experts(x) if self.shared_experts is not None and len(x) else None
+        yield
+        self._wait(dispatch)
         computed = self._run_experts(received, recv_counts.view(num_ranks, num_slots))
         back = x.new_empty(len(order), x.shape[1])
         yield from self._all_to_all(back, computed, send_splits, recv_splits)
         out = torch.zeros_like(x)
         out.index_add_(0, order // top_k, back * weights.flatten()[order, None].to(x.dtype))
-        if self.shared_experts is not None and len(x):
-            out = out + self.shared_experts(x)
-        return out
+        return out if shared is None else out + shared
 
     def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if len(x):
@@ -126,10 +128,22 @@ class ExpertParallelMoE(nn.Module):
         output_splits: list[int] | None = None,
         input_splits: list[int] | None = None,
     ) -> Generator[None, None, None]:
-        work = dist.all_to_all_single(
+        work = self._launch(output, data, output_splits, input_splits)
+        yield
+        self._wait(work)
+
+    def _launch(
+        self,
+        output: torch.Tensor,
+        data: torch.Tensor,
+        output_splits: list[int] | None = None,
+        input_splits: list[int] | None = None,
+    ) -> dist.Work:
+        return dist.all_to_all_single(
             output, data.contiguous(), output_splits, input_splits, group=self.group, async_op=True
         )
-        yield
+
+    def _wait(self, work: dist.Work) -> None:
         start = time.perf_counter()
         work.wait()
         self.comm_wait_s += time.perf_counter() - start

@@ -12,7 +12,14 @@ import torch.multiprocessing as mp
 
 from ferry.engine.config import EngineConfig
 from ferry.parallel.eplb import EplbConfig
-from ferry.parallel.lockstep import GroupAddress, LockstepEngine, init_group, load_rank_engine, split_round_robin
+from ferry.parallel.lockstep import (
+    GroupAddress,
+    LockstepEngine,
+    init_group,
+    leave_group,
+    load_rank_engine,
+    split_round_robin,
+)
 from ferry.parallel.placement import ExpertPlacement
 from ferry.parallel.rebalance import Rebalancer
 from ferry.parallel.shard import expert_parallel_layers
@@ -46,25 +53,27 @@ def generate_on_group(
     ep_size: int,
     placement: ExpertPlacement | None = None,
     eplb: EplbConfig | None = None,
+    mode: str = "single",
 ) -> GroupRun:
     """Runs every prompt on an ep_size-rank group. placement: which rank holds which experts
-    (default contiguous, no copies); eplb: re-place experts as the load shows."""
+    (default contiguous, no copies); eplb: re-place experts as the load shows; mode: one batch per
+    step or two micro-batches (overlap.MODES)."""
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     address = GroupAddress.free_local()
-    args = (ep_size, address, str(model), prompts, sampling, config, placement, eplb, results)
+    args = (ep_size, address, str(model), prompts, sampling, config, placement, eplb, mode, results)
     mp.spawn(_rank_main, args=args, nprocs=ep_size)
     return results.get()
 
 
-def _rank_main(rank, ep_size, address, model, prompts, sampling, config, placement, eplb, results) -> None:
+def _rank_main(rank, ep_size, address, model, prompts, sampling, config, placement, eplb, mode, results) -> None:
     import torch
 
     from ferry.engine.generate_cli import generate
 
     torch.set_num_threads(1)  # the group's ranks share the machine's cores
     group = init_group(address, rank, ep_size)
-    engine = load_rank_engine(model, config, rank, ep_size, placement, eplb)
+    engine = load_rank_engine(model, config, rank, ep_size, placement, eplb, mode)
     rebalancer = Rebalancer(engine.lm, rank, eplb, group) if eplb else None
     mine = split_round_robin(prompts, rank, ep_size)
     local = generate(LockstepEngine(engine, group, rebalancer), [prompts[i] for i in mine], sampling)
@@ -83,4 +92,4 @@ def _rank_main(rank, ep_size, address, model, prompts, sampling, config, placeme
             for index, result in part:
                 ordered[index] = result
         results.put(GroupRun(ordered, [load for _, load in gathered]))
-    dist.destroy_process_group()
+    leave_group(group)
