@@ -13,10 +13,36 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from ferry.launcher.servers import start_nats, start_redis
+
+# Each folder under tests/ is one kind of test, with its marker: the marker is how a subset runs
+# (`-m unit`), the folder is where a reader looks. gpu and slow are orthogonal and go anywhere.
+FOLDER_MARKERS = {"unit": "unit", "integration": "integration", "e2e": "e2e", "ops": "ops"}
+_TESTS = Path(__file__).resolve().parent
+
+
+def folder_marker_problems(items) -> list[str]:
+    """One line per test whose kind markers are not exactly its folder's."""
+    kinds = set(FOLDER_MARKERS.values())
+    problems = []
+    for item in items:
+        folder = Path(item.path).resolve().relative_to(_TESTS).parts[0]
+        expected = FOLDER_MARKERS.get(folder)
+        found = {m.name for m in item.iter_markers()} & kinds
+        if expected is None or found != {expected}:
+            want = f"marker '{expected}'" if expected else f"a folder of {sorted(FOLDER_MARKERS)}"
+            problems.append(f"{item.nodeid}: in tests/{folder}/ with markers {sorted(found)}; wants {want}")
+    return problems
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    problems = folder_marker_problems(items)
+    if problems:
+        raise pytest.UsageError("tests whose folder and marker disagree:\n  " + "\n  ".join(problems))
 
 
 def _docker_available() -> bool:

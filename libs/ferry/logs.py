@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json as jsonlib
 import logging
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
+
+from pythonjsonlogger.core import RESERVED_ATTRS
+from pythonjsonlogger.json import JsonFormatter as JsonFormatterBase
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("ferry_request_id", default=None)
 """Id of the request this task is working on; None outside a request."""
@@ -34,22 +37,25 @@ def request_context(request_id: str | None) -> Iterator[None]:
         request_id_var.reset(token)
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg, request_id (when set), exc (when any)."""
+class JsonFormatter(JsonFormatterBase):
+    """One JSON object per line (python-json-logger): ts, level, logger, msg, request_id (when set),
+    exc (when any), plus whatever a call passes in `extra=`."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        line = {
-            "ts": round(record.created, 6),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
+    def __init__(self) -> None:
+        super().__init__(
+            "{levelname}{name}{message}",
+            style="{",
+            rename_fields={"levelname": "level", "name": "logger", "message": "msg", "exc_info": "exc"},
+            reserved_attrs=[*RESERVED_ATTRS, "taskName", "request_id", "request_suffix"],
+            json_ensure_ascii=False,
+        )
+
+    def add_fields(self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]) -> None:
+        log_data["ts"] = round(record.created, 6)
+        super().add_fields(log_data, record, message_dict)
         request_id = getattr(record, "request_id", None)
         if request_id is not None:
-            line["request_id"] = request_id
-        if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
-        return jsonlib.dumps(line, ensure_ascii=False, default=str)
+            log_data["request_id"] = request_id
 
 
 class _RequestIdFilter(logging.Filter):

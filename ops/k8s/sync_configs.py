@@ -4,7 +4,7 @@ The manifests stay plain YAML (kubectl apply -f ops/k8s/), so the server configs
 copies; run this after editing either file:
 
     python ops/k8s/sync_configs.py          # rewrite the copies
-    python ops/k8s/sync_configs.py --check  # exit 1 if a copy is stale (tests/unit/test_k8s.py checks too)
+    python ops/k8s/sync_configs.py --check  # exit 1 if a copy is stale (tests/ops/test_k8s.py checks too)
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
+from fastapi.sse import EventSourceResponse, format_sse_event
 from starlette.types import Receive, Scope, Send
 
 from ferry.bus import trace
@@ -141,13 +142,13 @@ async def _wait_for_disconnect(receive: Receive) -> None:
         pass
 
 
-def _sse_line(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+def _sse_line(payload: dict[str, Any]) -> bytes:
+    return format_sse_event(data_str=json.dumps(payload, ensure_ascii=False))
 
 
 async def _sse(
     gen: Generation, env: Envelope, out: Output, tokenizer: Tokenizer, want_logprobs: bool, include_usage: bool
-) -> AsyncIterator[str]:
+) -> AsyncIterator[bytes]:
     if env.is_chat:
         yield _sse_line(role_chunk(env, include_usage))
     try:
@@ -162,17 +163,16 @@ async def _sse(
     else:
         if include_usage:
             yield _sse_line(usage_chunk(env, out))
-    yield "data: [DONE]\n\n"
+    yield format_sse_event(data_str="[DONE]")
 
 
-class GenerationStream(StreamingResponse):
-    """An SSE response that closes its generation however the response ends: finished, failed,
-    or the client disconnected (even before the first byte, when the body never started)."""
+class GenerationStream(EventSourceResponse):
+    """An SSE response (FastAPI's: text/event-stream, events framed by format_sse_event) that closes
+    its generation however the response ends: finished, failed, or the client disconnected (even
+    before the first byte, when the body never started)."""
 
-    def __init__(self, chunks: AsyncIterator[str], gen: Generation) -> None:
-        super().__init__(
-            chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        )
+    def __init__(self, chunks: AsyncIterator[bytes], gen: Generation) -> None:
+        super().__init__(chunks, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._gen = gen
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

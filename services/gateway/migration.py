@@ -19,12 +19,18 @@ import asyncio
 import dataclasses
 import logging
 import time
+from typing import TYPE_CHECKING
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from ferry import metrics
 from ferry.protocol import GenerateRequest
 from ferry_services.gateway.bus import GatewayBus, SubmitFailed
 from ferry_services.gateway.errors import APIError
 from ferry_services.gateway.tracker import Lost
+
+if TYPE_CHECKING:
+    from ferry_services.gateway.tracker import _Pending
 
 log = logging.getLogger("ferry.gateway")
 
@@ -99,37 +105,49 @@ async def migrate(bus: GatewayBus, request: GenerateRequest, lost: Lost, max_att
     if pending is None:  # closed meanwhile: nothing to do
         return request
     await asyncio.sleep(settle_delay_s(bus, lost, time.monotonic()))
-    last_problem = f"worker {lost.worker_id} lost ({lost.reason})"
-    while True:
-        attempt = max(request.attempt + 1, pending.attempt)
-        if attempt >= max_attempts:
-            metrics.ERRORS.labels("gateway", "worker_lost").inc()
-            raise APIError(
-                503,
-                f"the request failed on {attempt} attempt(s), the last because {last_problem}; retry it",
-                code="worker_lost",
-            )
-        request = dataclasses.replace(request, output_token_ids=list(pending.token_ids), attempt=attempt)
-        pending.attempt = attempt  # from now on, older attempts' events are stale
-        pending.holder = ""
-        await bus.cancel([request.request_id], f"migrated: {last_problem}", below_attempt=attempt)
-        log.warning(
-            "migrating %s to attempt %d after %d tokens: %s",
-            request.request_id,
-            attempt,
-            len(pending.token_ids),
-            last_problem,
+    problems = [f"worker {lost.worker_id} lost ({lost.reason})"]  # the last one names the latest try's
+
+    def refused(state: RetryCallState) -> None:
+        problems.append(f"resubmit refused ({state.outcome.exception().code})")
+
+    retrying = AsyncRetrying(
+        retry=retry_if_exception(lambda exc: isinstance(exc, SubmitFailed) and exc.code != "bad_request"),
+        wait=lambda state: max(RETRY_SUBMIT_S, state.outcome.exception().retry_after_s),
+        before_sleep=refused,
+        reraise=True,  # the attempt bound is checked in each try: it counts the request's earlier attempts
+    )
+    try:
+        async for attempt in retrying:
+            with attempt:
+                request = await _next_attempt(bus, request, pending, max_attempts, problems[-1])
+                pending.holder = (await bus.submit(request)).worker_id
+    except SubmitFailed as exc:  # bad_request: the request itself is refused, another try cannot help
+        raise APIError(503, f"could not resubmit after {problems[-1]}: {exc.message}", code="worker_lost") from None
+    metrics.MIGRATIONS.labels(lost.cause).inc()  # a migration is recovery, not an error
+    return request
+
+
+async def _next_attempt(
+    bus: GatewayBus, request: GenerateRequest, pending: _Pending, max_attempts: int, last_problem: str
+) -> GenerateRequest:
+    """The request as its next attempt (APIError past the bound), with older attempts cancelled."""
+    attempt = max(request.attempt + 1, pending.attempt)
+    if attempt >= max_attempts:
+        metrics.ERRORS.labels("gateway", "worker_lost").inc()
+        raise APIError(
+            503,
+            f"the request failed on {attempt} attempt(s), the last because {last_problem}; retry it",
+            code="worker_lost",
         )
-        try:
-            reply = await bus.submit(request)
-        except SubmitFailed as exc:
-            if exc.code == "bad_request":  # the request itself is refused: another try cannot help
-                raise APIError(
-                    503, f"could not resubmit after {last_problem}: {exc.message}", code="worker_lost"
-                ) from None
-            last_problem = f"resubmit refused ({exc.code})"
-            await asyncio.sleep(max(RETRY_SUBMIT_S, exc.retry_after_s))
-            continue
-        metrics.MIGRATIONS.labels(lost.cause).inc()  # a migration is recovery, not an error
-        pending.holder = reply.worker_id
-        return request
+    request = dataclasses.replace(request, output_token_ids=list(pending.token_ids), attempt=attempt)
+    pending.attempt = attempt  # from now on, older attempts' events are stale
+    pending.holder = ""
+    await bus.cancel([request.request_id], f"migrated: {last_problem}", below_attempt=attempt)
+    log.warning(
+        "migrating %s to attempt %d after %d tokens: %s",
+        request.request_id,
+        attempt,
+        len(pending.token_ids),
+        last_problem,
+    )
+    return request

@@ -27,11 +27,14 @@ class LiveWorkers:
         self._reports[(report.role, report.worker_id)] = (report, now)
 
     def alive(self, role: str, now: float) -> list[str]:
-        """Ids of the `role` workers heard from recently and not draining."""
+        """Ids of the `role` workers heard from recently and not draining (a prefill worker that
+        decodes what it prefilled, `LoadReport.decodes`, counts as a decode worker too)."""
         return sorted(
             worker_id
             for (r, worker_id), (report, seen) in self._reports.items()
-            if r == role and not report.draining and now - seen <= MISSED_REPORTS * report.interval_s
+            if (r == role or (role == "decode" and report.decodes))
+            and not report.draining
+            and now - seen <= MISSED_REPORTS * report.interval_s
         )
 
     def silent_for(self, worker_id: str, now: float) -> float | None:

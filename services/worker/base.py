@@ -56,6 +56,8 @@ class Worker(Pulling, Reporting, abc.ABC):
     the order pulled); else admissions run side by side (decode: KV fetches overlap)."""
     acks_on_join = False
     """Settle a message once its sequence is in the engine (decode), not once it is handed on."""
+    decodes = False
+    """A prefill worker that decodes what it prefilled (both.py): its load reports say so."""
 
     def __init__(self, nc: Client, settings: WorkerSettings, engine: Any, store: Any) -> None:
         self.nc = nc

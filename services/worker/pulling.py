@@ -73,7 +73,7 @@ class Pulling:
 async def open_work_consumer(js: JetStreamContext, settings: WorkerSettings) -> WorkConsumer:
     """This worker's durable consumer (created if missing). Opened before the model loads, so an
     autoscaler watching the consumer never sees a replica without one."""
-    return await ensure_work_consumer(js, settings.role, settings.worker_id, ack_wait_s=settings.ack_wait_s)
+    return await ensure_work_consumer(js, settings.work_role, settings.worker_id, ack_wait_s=settings.ack_wait_s)
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> None:

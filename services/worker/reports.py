@@ -28,6 +28,7 @@ class Reporting:
     """Mixed into `Worker`, which provides these:"""
 
     role: str
+    decodes: bool
     worker_id: str
     namespace: str
     settings: WorkerSettings
@@ -79,6 +80,7 @@ class Reporting:
             block_size=self.settings.block_size,
             draining=self.ledger.draining,
             num_backlog=self.num_backlog,
+            decodes=self.decodes,
         )
 
     async def refresh_backlog(self) -> None:

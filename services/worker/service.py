@@ -1,4 +1,4 @@
-"""worker: runs the engine for one role (`FERRY_ROLE=prefill|decode`).
+"""worker: runs the engine for one role (`FERRY_ROLE=prefill|decode|both`; both: see both.py).
 
 Reads `ferry.work.<role>.<id>` (JetStream FERRY_WORK, durable pull consumer `<role>-<id>`) and
 `ferry.cancel`; writes `ferry.out.<gateway>` (token events, one OutputBatch per gateway per
@@ -40,6 +40,10 @@ def build_engine(settings: WorkerSettings):
 
 
 def make_worker(nc, settings: WorkerSettings, engine, store) -> Worker:
+    if settings.role == "both":
+        from ferry_services.worker.both import BothWorker
+
+        return BothWorker(nc, settings, engine, store)
     if settings.role == "prefill":
         from ferry_services.worker.prefill import PrefillWorker
 

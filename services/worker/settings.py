@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from ferry.dtypes import check_dtype_name
 from ferry.settings import ServiceSettings, default_instance_id
 
 
 class WorkerSettings(ServiceSettings):
-    role: str = Field(default="prefill", pattern=r"^(prefill|decode)$", description="prefill or decode")
+    role: str = Field(
+        default="prefill",
+        pattern=r"^(prefill|decode|both)$",
+        description="prefill, decode, or both: prefill work decoded by the same worker (no hand-off)",
+    )
     model: str = Field(default="", description="checkpoint folder (config.json + safetensors + tokenizer)")
     served_model_name: str = Field(default="", description="model name clients use; default: folder name")
     worker_id: str = Field(
@@ -26,7 +30,7 @@ class WorkerSettings(ServiceSettings):
     load_interval_s: float = Field(default=1.0, gt=0, description="seconds between load reports")
     device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:1, ...")
     dtype: str = Field(default="", description="model dtype (float32, bfloat16, ...); '' keeps the checkpoint's")
-    kv_cache_dtype: Literal["", "float32", "bfloat16", "float16"] = Field(
+    kv_cache_dtype: str = Field(
         default="",
         description="KV cache dtype; '' = the model's. bfloat16 under an fp32 model halves KV memory "
         "and CPU decode attention's reads; every worker of a deployment should use the same",
@@ -42,6 +46,16 @@ class WorkerSettings(ServiceSettings):
         "(decode) or given back to the gateway to resubmit (prefill); keep it a few seconds under the orchestrator's "
         "stop grace period (compose stop_grace_period, k8s terminationGracePeriodSeconds)",
     )
+
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _kv_cache_dtype(cls, value: str) -> str:
+        return value and check_dtype_name(value, "kv_cache_dtype")
+
+    @property
+    def work_role(self) -> str:
+        """The role whose work subjects, consumer and load reports this worker uses ('both' pulls prefill work)."""
+        return "prefill" if self.role == "both" else self.role
 
     @property
     def model_name(self) -> str:

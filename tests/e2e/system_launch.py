@@ -61,11 +61,15 @@ def start_system(
     redis_url: str,
     run_dir: Path,
     *,
-    prefill: int,
-    decode: int,
+    prefill: int = 0,
+    decode: int = 0,
+    both: int = 0,
     extra_env: dict[str, str] | None = None,
 ) -> RunningSystem:
+    """`both` > 0: that many FERRY_ROLE=both workers (`--layout both`), else prefill + decode workers."""
     port = free_port()
+    workers = ["--layout", "both", "--workers", str(both)] if both else []
+    workers = workers or ["--prefill-workers", str(prefill), "--decode-workers", str(decode)]
     cmd = [
         sys.executable,
         "-m",
@@ -73,10 +77,7 @@ def start_system(
         "up",
         "--model",
         str(model_dir),
-        "--prefill-workers",
-        str(prefill),
-        "--decode-workers",
-        str(decode),
+        *workers,
         "--port",
         str(port),
         "--nats-url",

@@ -131,8 +131,10 @@ def freeze(two_decode, baseline: list[Stream], stop_s: float, gap_bound_s: float
     # a stream with no token in the freeze (bar its first and last moments) was on the frozen worker
     margin = 0.05  # tokens published just before SIGSTOP may still be in flight
     quiet_until = stopped_at + min(stop_s - margin, 0.6)  # before any migrated stream can resume
-    frozen = [s for s in streams if not any(stopped_at + margin < t < quiet_until for t in s.arrivals)]
-    live = [s for s in streams if s not in frozen]
+    # a stream that ended before the freeze was on neither (under CPU load one may finish that early)
+    running = [s for s in streams if s.arrivals and s.arrivals[-1] > quiet_until]
+    frozen = [s for s in running if not any(stopped_at + margin < t < quiet_until for t in s.arrivals)]
+    live = [s for s in running if s not in frozen]
     live_gaps = [max(s.gaps_within(stopped_at + margin, resumed_at), default=0.0) for s in live]
     frozen_gaps = [max(s.gaps_within(stopped_at - 1, resumed_at + 5), default=0.0) for s in frozen]
     unloaded_gaps = [max(s.gaps_within(s.arrivals[1], s.arrivals[-1]), default=0.0) for s in baseline]

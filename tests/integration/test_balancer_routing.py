@@ -8,6 +8,7 @@ import time
 
 import pytest
 from nats.errors import NoRespondersError
+from waiting import wait_until
 
 from ferry.bus import ensure_work_consumer, ensure_work_stream
 from ferry.protocol import (
@@ -191,14 +192,6 @@ async def test_bad_messages_in_a_silent_workers_queue_are_counted_and_dropped(nc
     await wait_until(lambda: "gone" not in decode_balancer.runtime.draining, "the queue emptied")
     assert "bad_request" in decode_balancer.service.stats()["reroute"].last_error
     assert decode_balancer.runtime.num_rerouted == 0
-
-
-async def wait_until(condition, what: str, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(0.05)
 
 
 def handoff(i: int, num_kv_tokens: int = 20) -> Handoff:

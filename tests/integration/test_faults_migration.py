@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 from ferry.protocol import (
     Cancel,
     ErrorEvent,
+    ErrorReply,
     GenerateRequest,
     LoadReport,
     OutputBatch,
@@ -43,6 +44,8 @@ class Cluster:
         self.nc = nc
         self.alive = {"p1": "prefill", "p2": "prefill", "d1": "decode"}
         self.route = ["p1", "p2", "p2", "p2"]
+        self.refusals: dict[int, str] = {}
+        """Submit number (0 = the first) -> the reason it is refused with."""
         self.submitted: list[GenerateRequest] = []
         self.cancels: list[Cancel] = []
         self._tasks: list[asyncio.Task] = []
@@ -56,6 +59,15 @@ class Cluster:
     async def _on_submit(self, msg) -> None:
         request = decode(msg.data, SubmitRequest).request
         self.submitted.append(request)
+        if len(self.submitted) - 1 in self.refusals:
+            reason = self.refusals[len(self.submitted) - 1]
+            refusal = (
+                ErrorReply(reason, "refused")
+                if reason == "bad_request"
+                else SubmitReply(request.request_id, False, reason=reason)
+            )
+            await msg.respond(encode(refusal))
+            return
         worker = self.route[min(len(self.submitted) - 1, len(self.route) - 1)]
         await msg.respond(encode(SubmitReply(request.request_id, True, worker_id=worker)))
 
@@ -189,6 +201,39 @@ async def test_attempts_are_bounded_then_a_clear_503(cluster):
     assert "2 attempt(s)" in info.value.message and got == [10]
     await gen.close()
     await until(lambda: any(c.below_attempt is None for c in cluster.cancels))  # everything freed
+
+
+async def test_a_refused_resubmit_is_tried_again_as_the_next_attempt(cluster):
+    cluster.refusals = {1: "no_workers"}  # the first resubmit finds no worker
+    gen = Generation(cluster.bus, request(), timeout_s=10, max_attempts=3)
+    await gen.start(16, 1.0, time.monotonic())
+    got: list[int] = []
+    reader = asyncio.create_task(collect(gen, got))
+    await cluster.send("p1", 0, [10], attempt=0)
+    error = ErrorEvent("r1", "worker_lost", "decode worker went away", retryable=True, attempt=0)
+    await cluster.nc.publish(subjects.out(GATEWAY), encode(OutputBatch("d1", errors=[error])))
+    await until(lambda: len(cluster.submitted) == 3)
+    assert [r.attempt for r in cluster.submitted] == [0, 1, 2]
+    assert any(c.below_attempt == 2 and "resubmit refused (no_workers)" in c.reason for c in cluster.cancels)
+    await cluster.send("p2", 1, [11, 12], attempt=2, finish="length")
+    await asyncio.wait_for(reader, 5)
+    assert got == [10, 11, 12]
+    await gen.close()
+
+
+async def test_a_resubmit_refused_as_a_bad_request_is_not_retried(cluster):
+    cluster.refusals = {1: "bad_request"}
+    gen = Generation(cluster.bus, request(), timeout_s=10, max_attempts=5)
+    await gen.start(16, 1.0, time.monotonic())
+    got: list[int] = []
+    reader = asyncio.create_task(collect(gen, got))
+    error = ErrorEvent("r1", "worker_lost", "decode worker went away", retryable=True, attempt=0)
+    await cluster.nc.publish(subjects.out(GATEWAY), encode(OutputBatch("d1", errors=[error])))
+    with pytest.raises(APIError) as info:
+        await asyncio.wait_for(reader, 5)
+    assert info.value.status == 503 and "could not resubmit after" in info.value.message
+    assert len(cluster.submitted) == 2
+    await gen.close()
 
 
 async def test_silence_after_the_gateway_reconnects_is_resubmitted(tmp_path):

@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 from test_worker_pipeline import PROMPTS, System, tiny_model  # noqa: F401  (tiny_model: a fixture)
+from waiting import wait_until
 
 from ferry.protocol import (
     Cancel,
@@ -58,19 +59,11 @@ class AttemptClient:
         return decode(reply.data, SubmitReply)
 
 
-async def until(predicate, timeout_s: float = 60.0) -> None:
-    async def wait():
-        while not predicate():
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(wait(), timeout_s)
-
-
 @pytest.fixture
 async def system(nc, nats_url, redis_url, redis, tiny_model):
     system = System(nats_url, redis_url, tiny_model)
     await system.start()
-    await asyncio.sleep(0.5)
+    await system.until_reported()
     yield system
     await system.stop()
 
@@ -91,11 +84,11 @@ def request(attempt: int = 0, output: list[int] | None = None, sampling=LONG) ->
 async def test_a_newer_attempt_replaces_the_older_copy_and_continues_exactly(system, client, nc):
     full = await full_run(system, client, nc)
     assert (await client.submit(request())).accepted
-    await until(lambda: len(client.tokens("mig", 0)) >= 8)
+    await wait_until(lambda: len(client.tokens("mig", 0)) >= 8, "len(client.tokens('mig', 0)) >= 8", 60)
     await nc.publish(subjects.CANCEL, encode(Cancel(["mig"], "migrated", below_attempt=0)))  # cancels nothing
     so_far = client.tokens("mig", 0)
     assert (await client.submit(request(1, so_far))).accepted
-    await until(lambda: client.finished("mig", 1))
+    await wait_until(lambda: client.finished("mig", 1), "client.finished('mig', 1)", 60)
     assert client.errors == []
     first = client.events[("mig", 1)][0]
     assert first.index == len(so_far)  # continues right after what the client had
@@ -107,26 +100,25 @@ async def test_a_newer_attempt_replaces_the_older_copy_and_continues_exactly(sys
 
 async def test_cancel_below_attempt_spares_the_current_attempt(system, client, nc):
     assert (await client.submit(request(2))).accepted
-    await until(lambda: len(client.tokens("mig", 2)) >= 3)
+    await wait_until(lambda: len(client.tokens("mig", 2)) >= 3, "len(client.tokens('mig', 2)) >= 3", 60)
     await nc.publish(subjects.CANCEL, encode(Cancel(["mig"], "migrated", below_attempt=2)))
-    await until(lambda: client.finished("mig", 2))
+    await wait_until(lambda: client.finished("mig", 2), "client.finished('mig', 2)", 60)
     assert len(client.tokens("mig", 2)) == LONG.max_tokens and client.errors == []
     # an attempt older than the one held is a stale copy: acked and dropped, never run
     assert (await client.submit(request(3))).accepted
-    await until(lambda: len(client.tokens("mig", 3)) >= 3)
+    await wait_until(lambda: len(client.tokens("mig", 3)) >= 3, "len(client.tokens('mig', 3)) >= 3", 60)
     assert (await client.submit(request(1))).accepted
     await asyncio.sleep(1.0)  # prefilled (its first token goes out) and handed to the decode worker
     assert len(client.tokens("mig", 1)) <= 1 and not client.finished("mig", 1)
     await nc.publish(subjects.CANCEL, encode(Cancel(["mig"], "done")))  # every attempt
-    await asyncio.sleep(0.5)
-    assert all(len(w.ledger) == 0 for w in system.workers.values())
+    await wait_until(lambda: all(len(w.ledger) == 0 for w in system.workers.values()), "every worker dropped 'mig'")
 
 
 async def full_run(system, client, nc) -> list[int]:
     """The fault-free tokens of request 'mig', under another id (same prompt, greedy)."""
     reference_request = GenerateRequest("ref", "gw-att", "tiny", PROMPTS[1], LONG)
     assert (await client.submit(reference_request)).accepted
-    await until(lambda: client.finished("ref", 0))
+    await wait_until(lambda: client.finished("ref", 0), "client.finished('ref', 0)", 60)
     return client.tokens("ref", 0)
 
 
@@ -150,9 +142,9 @@ async def test_a_cancel_that_races_the_admission_leaves_nothing_in_the_engine(sy
         assert (await client.submit(request(0, sampling=GREEDY_SHORT))).accepted
         await asyncio.wait_for(reached.wait(), 10)
         await nc.publish(subjects.CANCEL, encode(Cancel(["mig"], "migrated", below_attempt=1)))
-        await until(lambda: "mig" not in worker.ledger, 10)
+        await wait_until(lambda: "mig" not in worker.ledger, "'mig' not in worker.ledger", 10)
         gate.set()
-        await until(lambda: not worker.ledger.handles(), 10)
+        await wait_until(lambda: not worker.ledger.handles(), "not worker.ledger.handles()", 10)
         await asyncio.sleep(0.3)  # a leftover would be stepped (and hold blocks) by now
     finally:
         setattr(worker, where, original)
@@ -160,5 +152,5 @@ async def test_a_cancel_that_races_the_admission_leaves_nothing_in_the_engine(sy
     assert worker.engine.stats().kv_blocks_used == 0
     assert client.tokens("mig", 0) == []
     assert (await client.submit(request(1, sampling=GREEDY_SHORT))).accepted
-    await until(lambda: client.finished("mig", 1))
+    await wait_until(lambda: client.finished("mig", 1), "client.finished('mig', 1)", 60)
     assert client.errors == [] and len(client.tokens("mig", 1)) == GREEDY_SHORT.max_tokens

@@ -11,7 +11,8 @@ import time
 import httpx
 import openai
 import pytest
-from test_gateway_peer import GATEWAY_ID, MAX_INFLIGHT, TIMEOUT_S, Peer, gateway_url, model_dir, peer, wait_until  # noqa: F401
+from test_gateway_peer import GATEWAY_ID, MAX_INFLIGHT, TIMEOUT_S, Peer, gateway_url, model_dir, peer  # noqa: F401
+from waiting import wait_until_sync
 
 from ferry.protocol import GenerateRequest
 
@@ -138,7 +139,7 @@ def test_a_silent_request_times_out_and_is_cancelled(gateway_url, peer):
     assert response.status_code == 504 and response.json()["error"]["code"] == "timeout"
     assert time.monotonic() - started < TIMEOUT_S + 3
     request_id = peer.submits[-1].request_id
-    wait_until(lambda: peer.cancel_reason(request_id) == "timeout")
+    wait_until_sync(lambda: peer.cancel_reason(request_id) == "timeout", "cancelled: timeout", 5)
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -151,9 +152,13 @@ def test_a_client_that_disconnects_cancels_its_request(gateway_url, peer, stream
     else:
         with pytest.raises(httpx.ReadTimeout):  # gives up waiting and closes the connection
             httpx.post(f"{gateway_url}/v1/completions", json=body, timeout=0.5)
-    wait_until(lambda: len(peer.submits) > num_submits)
+    wait_until_sync(lambda: len(peer.submits) > num_submits, "a submit", 5)
     request_id = peer.submits[-1].request_id
-    wait_until(lambda: peer.cancel_reason(request_id) == "client_disconnected", timeout_s=TIMEOUT_S - 0.5)
+    wait_until_sync(
+        lambda: peer.cancel_reason(request_id) == "client_disconnected",
+        "cancelled: client_disconnected",
+        TIMEOUT_S - 0.5,
+    )
 
 
 def test_admission_is_429_when_max_inflight_requests_wait(gateway_url, peer):
@@ -170,9 +175,9 @@ def test_admission_is_429_when_max_inflight_requests_wait(gateway_url, peer):
         for s in streams:
             s.close()
     # the slots free up once the gateway saw the hang-ups
-    wait_until(lambda: httpx.get(f"{gateway_url}/health").status_code == 200)
+    wait_until_sync(lambda: httpx.get(f"{gateway_url}/health").status_code == 200, "/health 200", 5)
     ids = [r.request_id for r in peer.submits[-MAX_INFLIGHT:]]
-    wait_until(lambda: all(peer.cancel_reason(i) for i in ids), timeout_s=TIMEOUT_S + 2)
+    wait_until_sync(lambda: all(peer.cancel_reason(i) for i in ids), "every request cancelled", TIMEOUT_S + 2)
 
 
 @pytest.fixture(scope="module")

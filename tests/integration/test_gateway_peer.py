@@ -15,11 +15,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import nats
 import pytest
+from waiting import wait_until_sync
 
 from ferry.launcher.servers import free_port, start_nats
 from ferry.model.make_model import make_model
@@ -43,14 +44,6 @@ GATEWAY_ID = "gw-itest"
 REPLY = "The ferry boat crossed the river at night, and the harbor light was green and small."
 MAX_INFLIGHT = 3
 TIMEOUT_S = 2.0
-
-
-def wait_until(predicate: Callable[[], object], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
 
 
 class Peer:
@@ -220,7 +213,9 @@ class GatewayProcess:
             )
 
     def wait_until_answering(self, path: str, status: int = 200) -> None:
-        wait_until(lambda: self.proc.poll() is not None or _status(self.url + path) == status, timeout_s=60)
+        wait_until_sync(
+            lambda: self.proc.poll() is not None or _status(self.url + path) == status, f"{path} answers", timeout_s=60
+        )
         assert self.proc.poll() is None, self.log_path.read_text()
 
     def stop(self) -> int:
@@ -272,7 +267,9 @@ def test_no_workers_then_no_bus_are_503s_and_the_gateway_still_stops_cleanly(mod
             error = httpx.post(f"{gateway.url}/v1/chat/completions", json=body).json()["error"]
             assert error["code"] == "no_workers" and "prefill or decode" in error["message"]  # nobody reports load
             server.stop()
-            wait_until(lambda: httpx.get(f"{gateway.url}/ready").json()["bus_connected"] is False)
+            wait_until_sync(
+                lambda: httpx.get(f"{gateway.url}/ready").json()["bus_connected"] is False, "bus_connected false", 5
+            )
             response = httpx.post(f"{gateway.url}/v1/chat/completions", json=body)
             assert response.status_code == 503 and response.json()["error"]["code"] == "bus_unavailable"
         finally:

@@ -7,6 +7,7 @@ import logging
 import pytest
 import torch
 from prometheus_client import REGISTRY
+from waiting import wait_until
 
 from ferry.kvstore import KvStore, RedisTransport, block_key
 from ferry.launcher.servers import start_redis
@@ -44,17 +45,6 @@ async def stats(nc, namespace=""):
     return await ask(nc, subjects.KV_STATS, KvStatsRequest(kv_namespace=namespace))
 
 
-async def eventually(check, timeout_s=10.0):
-    """Poll `check` (async, returns a value or None) until it gives a value."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        value = await check()
-        if value:
-            return value
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
-
-
 class Running:
     """The service in this event loop (the same `serve` as `python -m ferry_services.kvcache`)."""
 
@@ -86,7 +76,7 @@ async def healthy(nc):
             return None
         return s if isinstance(s, KvStats) and not s.degraded else None
 
-    return await eventually(check)
+    return await wait_until(check, "the kvcache stats")
 
 
 @pytest.fixture
@@ -115,7 +105,7 @@ async def test_stats_count_blocks_bytes_and_lookup_hits(nc, nats_url, redis_url,
     async with Running(nats_url, redis_url):
         await healthy(nc)
         await store.put_blocks(chain(2, seed=2), torch.ones(2, *BLOCK))
-        s = await eventually(lambda: _stats_with_blocks(nc, 5))
+        s = await wait_until(lambda: _stats_with_blocks(nc, 5), "stats with 5 blocks")
         assert s.num_bytes > 5 * 4096 and s.blocks_per_namespace == {NS: 5}
         assert s.eviction_policy == "allkeys-lru" and s.used_memory_bytes > 0
         lookups_before, hits_before = _counter("ferry_kv_store_lookups"), _counter("ferry_kv_store_hits")
@@ -184,12 +174,12 @@ async def test_capacity_is_set_on_start_and_lru_evictions_are_counted(nc, nats_u
             hashes = chain(40, seed=4)
             for h in hashes[:8]:  # 2 MiB: fits, and the service indexes them
                 await store.put_blocks([h], big)
-            await eventually(lambda: _stats_with_blocks(nc, 8))
+            await wait_until(lambda: _stats_with_blocks(nc, 8), "stats with 8 blocks")
             for h in hashes[8:]:  # 8 MiB more into a 4 MiB Redis: LRU evicts, among others, indexed blocks
                 await store.put_blocks([h], big)
             removed = await _next_event(events, "removed")
             assert removed.kv_namespace == NS and set(removed.block_hashes) <= set(hashes)
-            s = await eventually(lambda: _stats_with_evictions(nc))
+            s = await wait_until(lambda: _stats_with_evictions(nc), "stats with evictions")
             assert s.num_blocks < 40
             # what the "KV store near full" alert and the dashboard read
             assert _counter("ferry_kv_store_evictions") - evictions_before == s.num_evictions
@@ -221,7 +211,7 @@ async def test_redis_outage_degrades_the_service_which_recovers_by_itself(nc, na
             await KvStore(transport, NS).put_blocks(chain(2), torch.ones(2, *BLOCK))
             await _next_event(events, "stored")
             server.stop()
-            s = await eventually(lambda: _degraded_stats(nc))
+            s = await wait_until(lambda: _degraded_stats(nc), "degraded stats")
             assert s.num_blocks == 2  # last known, flagged as such
             reply = await ask(nc, subjects.KV_LOOKUP, KvLookup(kv_namespace=NS, block_hashes=chain(2)))
             assert isinstance(reply, ErrorReply) and reply.code == "kv_unavailable"

@@ -45,7 +45,7 @@ def reference(tiny_model):
 async def system(nc, nats_url, redis_url, redis, tiny_model):
     system = System(nats_url, redis_url, tiny_model)
     await system.start()
-    await asyncio.sleep(0.5)  # first load reports reach the balancers
+    await system.until_reported()
     yield system
     await system.stop()
 
@@ -105,7 +105,7 @@ async def test_corrupt_stored_block_means_recompute_with_the_right_tokens(system
 
 async def test_same_prefix_burst_spreads_over_prefill_workers(system, client):
     await system.start_worker("prefill", "prefill-2")
-    await asyncio.sleep(0.5)  # its first load report reaches the balancer
+    await system.until_reported("prefill-2")
     burst = [PREFIX + [3 + i, 4 + i, 5 + i] for i in range(6)]
     replies = await asyncio.gather(*(client.submit(f"b{i}", p) for i, p in enumerate(burst)))
     assert all(r.accepted for r in replies), replies
@@ -116,10 +116,10 @@ async def test_same_prefix_burst_spreads_over_prefill_workers(system, client):
 
 async def test_idle_workers_route_a_known_prefix_to_the_pool_that_holds_it(system, client):
     await system.start_worker("prefill", "prefill-2")
-    await asyncio.sleep(0.5)
+    await system.until_reported("prefill-2")
     holder = (await client.submit("first", FIRST)).worker_id
     await client.wait_finished(["first"])
-    await asyncio.sleep(0.5)  # fresh load reports: nothing queued anywhere
+    await system.until_reported()  # fresh load reports: nothing queued anywhere
     replies = [await client.submit(f"again{i}", PREFIX + [9, i]) for i in range(3)]
     await client.wait_finished([f"again{i}" for i in range(3)])
     assert [r.worker_id for r in replies] == [holder] * 3

@@ -11,6 +11,7 @@ import asyncio
 
 import pytest
 from test_worker_pipeline import PROMPTS, Client, System, reference, tiny_model  # noqa: F401  (fixtures)
+from waiting import wait_until
 
 from ferry.protocol import SamplingParams, subjects
 from ferry_services.worker import decode as decode_module
@@ -41,7 +42,7 @@ def long_reference(tiny_model):
 async def system(nc, nats_url, redis_url, redis, tiny_model):
     system = System(nats_url, redis_url, tiny_model, num_kv_blocks=256)
     await system.start()
-    await asyncio.sleep(0.5)  # first load reports reach the balancers
+    await system.until_reported()
     yield system
     await system.stop()
 
@@ -53,18 +54,14 @@ async def client(nc):
     return c
 
 
-async def until(predicate, timeout_s: float = 60.0) -> None:
-    async def wait():
-        while not predicate():
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(wait(), timeout_s)
-
-
 async def start_long_streams(client: Client) -> None:
     for request_id, prompt in zip(LONG_IDS, PROMPTS):
         assert (await client.submit(request_id, prompt, LONG)).accepted
-    await until(lambda: all(len(client.tokens.get(r, [])) >= 5 for r in LONG_IDS) or client.errors)
+    await wait_until(
+        lambda: all(len(client.tokens.get(r, [])) >= 5 for r in LONG_IDS) or client.errors,
+        "5 tokens of every long stream",
+        60,
+    )
     assert client.errors == [] and not client.finished, "the streams must still run at shutdown"
 
 
@@ -74,7 +71,7 @@ def set_grace(worker, grace_s: float) -> None:
 
 async def test_sequences_that_cannot_finish_in_the_grace_period_move_on_exactly(system, client, long_reference):
     other = await system.start_worker("decode", "decode-2")
-    await asyncio.sleep(0.5)
+    await system.until_reported("decode-2")
     await start_long_streams(client)
     leaving = max((system.workers["decode-t"], other), key=lambda w: len(w.ledger))
     staying = other if leaving is not other else system.workers["decode-t"]
@@ -99,11 +96,10 @@ async def test_with_a_long_grace_period_they_finish_where_they_are_and_new_work_
     leaving = system.workers["decode-t"]
     await start_long_streams(client)  # all on decode-t: the only decode worker yet
     other = await system.start_worker("decode", "decode-2")
-    await asyncio.sleep(0.5)
+    await system.until_reported("decode-2")
     set_grace(leaving, 120.0)
     stopping = asyncio.create_task(system.stop_worker("decode-t"))
-    await until(lambda: leaving.ledger.draining)
-    await asyncio.sleep(0.2)  # its draining report reaches the balancers
+    await wait_until(lambda: system.seen("decode-t").report.draining, "decode-t's draining report reaches the balancer")
     assert (await client.submit("r1", PROMPTS[1])).accepted  # arrives while decode-t drains
     await asyncio.wait_for(stopping, 120)
     await client.wait_finished([*LONG_IDS, "r1"])
@@ -126,7 +122,7 @@ async def test_hand_offs_pulled_but_not_started_go_back_and_are_served_by_anothe
     try:
         for i in (0, 2):
             assert (await client.submit(f"r{i}", PROMPTS[i])).accepted
-        await until(lambda: len(leaving.ledger) == 2)
+        await wait_until(lambda: len(leaving.ledger) == 2, "len(leaving.ledger) == 2", 60)
         await system.start_worker("decode", "decode-2")
         set_grace(leaving, 0.0)
         await system.stop_worker("decode-t")  # gives both back; the balancer moves its queue once it is silent
@@ -145,7 +141,7 @@ async def test_with_no_decode_worker_left_the_gateway_is_told_to_migrate(system,
     set_grace(leaving, 0.0)
     await system.stop_worker("decode-t")
     assert leaving.num_moved == 0
-    await until(lambda: len(client.errors) == len(LONG_IDS), 10)
+    await wait_until(lambda: len(client.errors) == len(LONG_IDS), "len(client.errors) == len(LONG_IDS)", 10)
     assert sorted(e.request_id for e in client.errors) == LONG_IDS
     assert all(e.code == "worker_lost" and e.retryable and e.attempt == 0 for e in client.errors)
 
@@ -162,12 +158,12 @@ async def test_a_prefill_worker_gives_what_it_could_not_finish_back_to_the_gatew
     leaving.fetch_kv = stuck
     try:
         assert (await client.submit("r2", PROMPTS[2])).accepted
-        await until(lambda: len(leaving.ledger) == 1)
+        await wait_until(lambda: len(leaving.ledger) == 1, "len(leaving.ledger) == 1", 60)
         set_grace(leaving, 0.0)
         await system.stop_worker("prefill-t")
     finally:
         gate.set()
-    await until(lambda: len(client.errors) == 1, 10)
+    await wait_until(lambda: len(client.errors) == 1, "len(client.errors) == 1", 10)
     (error,) = client.errors
     assert (error.request_id, error.code, error.retryable, error.attempt) == ("r2", "worker_lost", True, 0)
     consumer = subjects.work_consumer("prefill", "prefill-t")

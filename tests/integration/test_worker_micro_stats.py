@@ -26,7 +26,7 @@ def tiny_model(tmp_path_factory):
 async def system(nc, nats_url, redis_url, redis, tiny_model):
     system = System(nats_url, redis_url, tiny_model)
     await system.start()
-    await asyncio.sleep(0.5)  # first load reports reach the balancers
+    await system.until_reported()
     yield system
     await system.stop()
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import pytest
+from waiting import wait_until
 
 from ferry.bus import connect, ensure_work_stream
 from ferry.kvstore import KvStore, RedisTransport
@@ -65,7 +67,7 @@ class System:
     def __init__(self, nats_url: str, redis_url: str, model, **worker_overrides) -> None:
         self.nats_url, self.redis_url, self.model = nats_url, redis_url, model
         self.worker_overrides = worker_overrides
-        self.conns, self.tasks, self.stoppers = [], [], []
+        self.conns, self.tasks, self.stoppers, self.balancers = [], [], [], []
         self.workers = {}
         self.worker_tasks: dict[str, list[asyncio.Task]] = {}
 
@@ -78,6 +80,7 @@ class System:
             await ensure_work_stream(nc.jetstream())
             balancer = cls(nc, settings)
             await balancer.start()
+            self.balancers.append(balancer)
             self.stoppers.append(balancer.stop)
         for role in ("prefill", "decode"):
             await self.start_worker(role, f"{role}-t")
@@ -109,6 +112,21 @@ class System:
             task.cancel()
         await asyncio.gather(*self.worker_tasks[worker_id], return_exceptions=True)
 
+    def seen(self, worker_id: str):
+        """The balancers' last view of a worker (its load report and when it came), or None."""
+        states = (b.runtime.view.workers.get(worker_id) for b in self.balancers)
+        return next((s for s in states if s is not None), None)
+
+    async def until_reported(self, *worker_ids: str) -> None:
+        """Wait until the balancers hold a load report from each worker (every started one by
+        default) received after this call: new workers are routable, the views are fresh."""
+        since, ids = time.monotonic(), worker_ids or tuple(self.workers)
+
+        def fresh() -> bool:
+            return all((s := self.seen(w)) is not None and s.received_at > since for w in ids)
+
+        await wait_until(fresh, f"load reports from {', '.join(ids)} reach the balancers")
+
     async def _connect(self):
         nc = await connect(self.nats_url, "ferry-test-system")
         self.conns.append(nc)
@@ -132,7 +150,7 @@ class System:
 async def system(nc, nats_url, redis_url, redis, tiny_model):
     system = System(nats_url, redis_url, tiny_model)
     await system.start()
-    await asyncio.sleep(0.5)  # first load reports reach the balancers
+    await system.until_reported()
     yield system
     await system.stop()
 

@@ -1,24 +1,15 @@
-"""ops/bench/compare: the comparison's ratios, issue #9 targets and report (pure, no servers)."""
+"""ferry.bench.compare: the comparison's ratios, issue #9 targets and report (pure, no servers)."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-import time
-from pathlib import Path
 
 import pytest
+from waiting import wait_until_sync
+
+from ferry.bench.compare import engines, ratios, render, servers
 
 pytestmark = pytest.mark.unit
-
-_DIR = Path(__file__).resolve().parents[2] / "ops" / "bench" / "compare"
-sys.path.insert(0, str(_DIR))  # the harness's modules import each other by plain name, as run.py does
-ratios = importlib.import_module("ratios")
-render = importlib.import_module("render")
-engines = importlib.import_module("engines")
-servers = importlib.import_module("servers")
-sys.path.remove(str(_DIR))
 
 POISSON = "poisson-0.5rps"
 
@@ -163,22 +154,21 @@ def _alive(pid: int) -> bool:
 def test_stop_lets_the_server_shut_down_then_leaves_nothing_of_its_group(tmp_path):
     """Only the leader gets SIGTERM (ferry up must stop its services before its nats-server, which
     would otherwise get SIGTERM at the same moment); whatever it leaves in its group is killed."""
-    child_script = f"trap 'echo got-term > {tmp_path}/child-term; exit 0' TERM; while :; do sleep 0.05; done"
+    child_script = (
+        f"trap 'echo got-term > {tmp_path}/child-term; exit 0' TERM; touch {tmp_path}/child-trapped; "
+        "while :; do sleep 0.05; done"
+    )
     script = (
         f"trap 'echo stopped > {tmp_path}/flag; exit 0' TERM; bash -c \"{child_script}\" & "
         f"echo $! > {tmp_path}/child; while :; do sleep 0.05; done"
     )
     server = servers.spawn("leader", ["bash", "-c", script], "http://127.0.0.1:1", tmp_path)
-    deadline = time.monotonic() + 10
-    while not (tmp_path / "child").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    child = int((tmp_path / "child").read_text())
-    time.sleep(0.2)  # the child has set its trap
+    pid_file, trapped = tmp_path / "child", tmp_path / "child-trapped"
+    child = int(
+        wait_until_sync(lambda: trapped.exists() and pid_file.exists() and pid_file.read_text().strip(), "trap")
+    )
     servers.stop(server, grace_s=10)
     assert (tmp_path / "flag").read_text().strip() == "stopped"  # the leader's own shutdown ran
     assert server.process.returncode == 0
-    deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(child)
+    wait_until_sync(lambda: not _alive(child), "the child killed with the group")
     assert not (tmp_path / "child-term").exists()  # the child never saw SIGTERM

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 
@@ -106,8 +107,8 @@ def test_gauge_sum_with_label_selector():
     assert parse_selector('m{a="x", b="y"}') == ("m", {"a": "x", "b": "y"})
 
 
-def test_report_files_are_written(tmp_path):
-    phases = [
+def _phases() -> list[PhaseResult]:
+    return [
         PhaseResult(
             name="offline",
             rate_rps=math.inf,
@@ -124,7 +125,10 @@ def test_report_files_are_written(tmp_path):
             results=[_result(0, [0.1, 0.2]), _result(1, [0.1, 0.3])],
         ),
     ]
-    report = write_report(tmp_path, {"target": "http://x", "model": "m"}, phases)
+
+
+def test_report_files_are_written(tmp_path):
+    report = write_report(tmp_path, {"target": "http://x", "model": "m"}, _phases())
     written = json.loads((tmp_path / "bench.json").read_text())
     assert written["summary"] == json.loads(json.dumps(report["summary"]))
     assert [s["all_at_once"] for s in written["summary"]] == [True, False]
@@ -134,3 +138,17 @@ def test_report_files_are_written(tmp_path):
     md = (tmp_path / "summary.md").read_text()
     assert "| offline | all at once | 2/2 |" in md and "![ttft_cdf.png](ttft_cdf.png)" in md
     assert markdown_summary(report, []).count("\n| ") == 3  # header + two phases
+
+
+def test_nested_report_has_no_plots(tmp_path):
+    write_report(tmp_path, {"target": "http://x", "model": "m"}, _phases(), plots=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "summary.md"]
+
+
+def test_missing_matplotlib_names_the_extra_after_the_json_is_written(tmp_path, monkeypatch):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ModuleNotFoundError
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'ferry\[bench\]'"):
+        write_report(tmp_path, {"target": "http://x", "model": "m"}, _phases())
+    assert json.loads((tmp_path / "bench.json").read_text())["summary"]

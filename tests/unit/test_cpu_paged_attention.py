@@ -202,7 +202,7 @@ def test_model_with_kernel_matches_reference_path(arch, kv_dtype, tmp_path, monk
 
 def test_build_failure_falls_back_to_reference_with_one_warning(monkeypatch, caplog):
     from ferry.model import AttentionMetadata
-    from ferry.model.dense_attention import cpu_decode_attention
+    from ferry.model.dense_attention import torch_decode_attention
 
     def no_compiler():
         raise RuntimeError("Error building extension: c++: command not found")
@@ -214,7 +214,7 @@ def test_build_failure_falls_back_to_reference_with_one_warning(monkeypatch, cap
     meta = AttentionMetadata.build([1, 1], [20, 30], [[0, 1], [2, 3]], BS)
     q = torch.randn(2, 4, 64, generator=gen)
     with caplog.at_level(logging.WARNING, logger="ferry.kernels.cpu_decode"):
-        outs = [cpu_decode_attention(q, k_cache, v_cache, meta, 0.125) for _ in range(2)]
+        outs = [torch_decode_attention(q, k_cache, v_cache, meta, 0.125) for _ in range(2)]
     warnings = [r.getMessage() for r in caplog.records if r.name == "ferry.kernels.cpu_decode"]
     assert len(warnings) == 1 and "command not found" in warnings[0]
     expected = ref.paged_decode_attention(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, 0.125)

@@ -14,7 +14,7 @@ class Decoder:
     """The decode() surface the engine uses, over a real byte-level BPE."""
 
     def __init__(self, tok):
-        self.tok = tok
+        self.tok = self.backend = tok
 
     def decode(self, ids, skip_special_tokens=True):
         return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)

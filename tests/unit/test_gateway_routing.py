@@ -60,7 +60,7 @@ async def test_errors_and_events_of_closed_requests():
     assert tracker.num_orphans == 2 and len(tracker) == 0
 
 
-def report(worker_id: str, role: str, draining: bool = False) -> LoadReport:
+def report(worker_id: str, role: str, draining: bool = False, decodes: bool = False) -> LoadReport:
     return LoadReport(
         worker_id=worker_id,
         role=role,
@@ -75,6 +75,7 @@ def report(worker_id: str, role: str, draining: bool = False) -> LoadReport:
         kv_blocks_total=8,
         max_running=4,
         draining=draining,
+        decodes=decodes,
     )
 
 
@@ -84,6 +85,15 @@ def test_a_worker_is_alive_until_it_misses_its_reports():
     live.observe(report("d1", "decode"), now=100.0)
     assert live.missing_roles(now=100.0 + MISSED_REPORTS) == []
     assert live.missing_roles(now=100.1 + MISSED_REPORTS) == ["prefill", "decode"]
+
+
+def test_a_prefill_worker_that_decodes_counts_for_both_roles():
+    live = LiveWorkers()
+    live.observe(report("b1", "prefill", decodes=True), now=0.0)
+    assert live.missing_roles(now=0.5) == []
+    assert live.alive("decode", now=0.5) == live.alive("prefill", now=0.5) == ["b1"]
+    live.observe(report("p1", "prefill"), now=0.0)
+    assert live.alive("decode", now=0.5) == ["b1"]
 
 
 def test_a_draining_worker_does_not_count():

@@ -99,8 +99,8 @@ def test_wrappers_reject_bad_shapes():
 
 
 @pytest.mark.parametrize("arch", ["mistral", "deepseek-v3"])
-def test_model_through_kernels_matches_torch_path(arch, tmp_path, monkeypatch):
-    """The whole model, a mixed prefill/decode batch, with FERRY_ATTENTION=triton vs =torch."""
+def test_model_through_kernels_matches_torch_path(arch, tmp_path):
+    """The whole model, a mixed prefill/decode batch, with the 'triton' vs the 'torch' attention backend."""
     from ferry.model import load_model
     from ferry.model.make_model import make_model
 
@@ -109,7 +109,7 @@ def test_model_through_kernels_matches_torch_path(arch, tmp_path, monkeypatch):
     gen = torch.Generator().manual_seed(5)
     logits = {}
     for mode in ("torch", "triton"):
-        monkeypatch.setenv("FERRY_ATTENTION", mode)
+        lm.model.set_attention_backend(mode)
         kv = lm.model.make_kv_cache(16, BLOCK)
         tables = [[3, 4, 5], [6], [7, 8, 9]]
         steps = [([30, 9, 20], [0, 0, 0]), ([1, 1, 12], [30, 9, 20]), ([1, 1, 1], [31, 10, 32])]

@@ -153,3 +153,20 @@ def test_chat_template_renders_like_transformers(tiny, tmp_path):
     assert ours.encode("hi there") == fast("hi there")["input_ids"]
     with pytest.raises(Exception, match="bad role"):
         ours.apply_chat_template([{"role": "tool", "content": "x"}])
+
+
+def test_weights_are_allocated_in_the_target_dtype_only(tiny, monkeypatch):
+    """A bf16 load never materialises the model in fp32 first (twice the peak memory)."""
+    from ferry.model.causal_lm import CausalLM
+
+    allocated = []
+    to_empty = CausalLM.to_empty
+
+    def recording_to_empty(self, *, device, recurse=True):
+        allocated.extend({p.dtype for p in self.parameters()})
+        return to_empty(self, device=device, recurse=recurse)
+
+    monkeypatch.setattr(CausalLM, "to_empty", recording_to_empty)
+    lm = load_model(tiny, dtype="bfloat16")
+    assert set(allocated) == {torch.bfloat16}
+    assert lm.model.lm_head.weight.dtype == torch.bfloat16

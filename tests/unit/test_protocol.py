@@ -32,6 +32,7 @@ from ferry.protocol import (
     SubmitRequest,
     TokenEvent,
     TokenLogprob,
+    TrafficForecast,
     decode,
     encode,
     hash_block,
@@ -115,6 +116,18 @@ SAMPLES = {
         kv_blocks_total=400,
         max_running=64,
         num_backlog=5,
+    ),
+    "forecast": TrafficForecast(
+        source="gateway-g1",
+        timestamp=1700000001.5,
+        interval_s=60.0,
+        rate_rps=2.5,
+        forecast_rps=4.0,
+        horizon_s=300.0,
+        mean_prompt_tokens=120.0,
+        mean_output_tokens=96.0,
+        num_requests=1000,
+        is_seasonal=True,
     ),
     "kv_event": KvEvent(
         kind="stored", kv_namespace="llama-fp32-v1-abc", where="store", block_hashes=_HASHES[:2], timestamp=1700000002.0

@@ -27,7 +27,7 @@ async def test_a_loop_whose_cancellation_was_swallowed_still_ends():
                 swallowed.set()
 
     checked, unchecked = asyncio.create_task(loop(True)), asyncio.create_task(loop(False))
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0)  # both loops start and wait in their sleep
     checked.cancel()
     unchecked.cancel()
     done, pending = await asyncio.wait({checked, unchecked}, timeout=1)

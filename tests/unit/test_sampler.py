@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from host_sync import watch_host_syncs
 
 from ferry.engine.sampler import SampleRequest, sample
 from ferry.protocol import SamplingParams
@@ -118,3 +119,17 @@ def test_plain_greedy_rows_are_argmax_also_when_other_knobs_share_the_batch():
     )
     assert result.token_ids[0] == ids[0] and result.token_ids[1] != blocked
     assert result.logprobs[0] is None and result.logprobs[2].top_token_ids[0] == ids[2]
+
+
+def test_a_mixed_batch_reads_the_device_once():
+    """Penalties, blocked tokens, min_p, seeds, greedy and random rows together: the token ids are the
+    one value read back (no unique/bincount/any() per row, which on a GPU each wait for the device)."""
+    requests = [
+        req(output=(3, 3, 4), repetition_penalty=1.3, temperature=0),
+        req(output=(5,), presence_penalty=0.5, frequency_penalty=0.2, temperature=0.8, seed=7),
+        req(blocked=(2, 9), temperature=1.0, min_p=0.05),
+        req(temperature=0.7, top_k=5, top_p=0.9),
+    ]
+    with watch_host_syncs() as syncs:
+        result = sample(logits_rows(4), requests, torch.Generator().manual_seed(0))
+    assert syncs == ["Tensor.tolist"] and len(result.token_ids) == 4

@@ -19,10 +19,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="report folder (default ops/bench/<mode>/<UTC time>)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     w = parser.add_argument_group("workload (shared/BENCHMARKS.md, seeded)")
-    w.add_argument("--num-requests", type=int, default=128)
+    w.add_argument(
+        "--workload",
+        choices=("default", "burst"),
+        default="default",
+        help="burst: issue #22's burst (48 requests, prompts 16..600, sent at once, no ignore_eos: "
+        "--length-control none); the options below override it",
+    )
+    w.add_argument("--num-requests", type=int, help="default 128 (burst: 48)")
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--prompt-len-median", type=int, default=100)
-    w.add_argument("--max-prompt-len", type=int, default=1024)
+    w.add_argument("--max-prompt-len", type=int, help="default 1024 (burst: 600)")
     w.add_argument("--output-lens", default="16,32,64,128,128,256", help="drawn uniformly (default %(default)s)")
     w.add_argument("--shared-prefix-len", type=int, default=0, help="tokens every prompt shares (0 = none)")
     w.add_argument("--vocab-size", type=int, help="prompt token ids are < this (default: the model's, else 2048)")
@@ -65,21 +72,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ferry.bench.workload import WorkloadConfig
+    from ferry.bench.workload import BURST_LENGTH_CONTROL, named_workload
 
     if bool(args.offline) == bool(args.url):
         raise ValueError("choose one mode: --offline (engine in-process) or --url URL (a server)")
     if args.model and not Path(args.model).is_dir():
         raise ValueError(f"--model {args.model}: no such checkpoint folder")
-    workload = WorkloadConfig(
-        num_requests=args.num_requests,
+    given = {"num_requests": args.num_requests, "max_prompt_len": args.max_prompt_len}
+    workload = named_workload(
+        args.workload,
+        **{k: v for k, v in given.items() if v is not None},
         seed=args.seed,
         prompt_len_median=args.prompt_len_median,
-        max_prompt_len=args.max_prompt_len,
         output_lens=_ints(args.output_lens, "--output-lens"),
         shared_prefix_len=args.shared_prefix_len,
         vocab_size=args.vocab_size or _model_vocab(args.model) or 2048,
     )
+    if args.url and args.length_control is None:
+        args.length_control = BURST_LENGTH_CONTROL if args.workload == "burst" else "extra"
     out = args.out or Path("ops/bench") / ("offline" if args.offline else "online") / time.strftime(
         "%Y%m%dT%H%M%SZ", time.gmtime()
     )

@@ -133,10 +133,12 @@ def run_offline(cfg: OfflineConfig) -> dict:
     equal_kv = _run_equal_kv(cfg, lm, requests)
     report = _report(cfg, lm, offline, online, equal_kv)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    path = cfg.out_dir / "report.json"
+    path.write_text(json.dumps(report, indent=2, default=str))  # first: the figures survive a missing matplotlib
     report["plots"] = write_plots(
         cfg.out_dir, results, online, cfg.rate_basis, equal_kv, (cfg.kv_budget_tokens, cfg.kv_budget_max_num_seqs)
     )
-    (cfg.out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    path.write_text(json.dumps(report, indent=2, default=str))
     return report
 
 

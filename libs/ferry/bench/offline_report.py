@@ -116,9 +116,6 @@ def write_plots(
     kv_budget: tuple[int, int] | None,
 ) -> list[str]:
     """kv_budget: (KV pool tokens, batch cap) of the equal-KV-memory runs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     names = [_bars(out_dir / "throughput.png", results, "Offline throughput (all at once, equal batch cap)")]
     if online:
         names.append(_latency_cdfs(out_dir / "latency_cdf.png", online, basis))
@@ -134,7 +131,9 @@ def write_plots(
 
 
 def _bars(path: Path, results: dict[str, RunResult], title: str) -> str:
-    import matplotlib.pyplot as plt
+    from ferry.bench.plots import pyplot
+
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.bar([LABELS[s] for s in results], [r.output_tokens / r.busy_s for r in results.values()], color="tab:blue")
@@ -147,7 +146,9 @@ def _bars(path: Path, results: dict[str, RunResult], title: str) -> str:
 
 
 def _latency_cdfs(path: Path, online: list[OnlineRun], basis: str) -> str:
-    import matplotlib.pyplot as plt
+    from ferry.bench.plots import pyplot
+
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(online), figsize=(5 * len(online), 4), squeeze=False)
     for ax, (fraction, rate_rps, by_system) in zip(axes[0], online):

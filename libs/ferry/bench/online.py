@@ -273,6 +273,7 @@ def bench_url(
     prompt_format: str,
     out_dir: str,
     meta: dict | None = None,
+    plots: bool = True,
 ) -> dict:
     """The whole `ferry bench --url` run: every phase, then bench.json, PNGs and summary.md in out_dir."""
     from ferry.bench.report import write_report
@@ -291,7 +292,7 @@ def bench_url(
         "rates_rps": [None if math.isinf(r) else r for r in rates],
         **(meta or {}),
     }
-    return write_report(out_dir, meta, phases)
+    return write_report(out_dir, meta, phases, plots=plots)
 
 
 def _workload_label(workload: WorkloadConfig) -> str:
@@ -317,7 +318,6 @@ def add_url_arguments(parser) -> None:
     g.add_argument(
         "--length-control",
         choices=LENGTH_CONTROLS,
-        default="extra",
         help="how to ask for exact output lengths: extra = ignore_eos/min_tokens (ferry, vLLM); "
         "hf-generation-config = transformers serve; none",
     )

@@ -10,10 +10,17 @@ from pathlib import Path
 import numpy as np
 
 
-def _pyplot():
-    import matplotlib
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (headless: CI and servers have no display).
 
-    matplotlib.use("Agg")  # headless: CI and servers have no display
+    matplotlib is the optional `bench` extra, imported only when a plot is drawn."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            "plotting a bench report needs matplotlib, the optional extra: pip install 'ferry[bench]'"
+        ) from exc
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
@@ -36,7 +43,7 @@ def write_plots(out_dir: Path, report: dict) -> list[str]:
 def _save(fig, path: Path) -> bool:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return True
 
 
@@ -45,7 +52,7 @@ def _throughput(path: Path, report: dict) -> bool:
     rows = [s for s in report["summary"] if s["output_tokens_per_s"] is not None]
     if not rows:
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     paced = sorted((s["offered_rps"], s["output_tokens_per_s"]) for s in rows if not s["all_at_once"])
     if paced:
@@ -66,7 +73,7 @@ def _cdf(path: Path, report: dict, values_of, xlabel: str, title: str) -> bool:
     series = [(name, vals) for name, vals in series if vals]
     if not series:
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, vals in series:
         xs = np.sort(np.asarray(vals, dtype=np.float64) * 1000.0)
@@ -100,7 +107,7 @@ def _batch_size(path: Path, report: dict) -> bool:
     series = [(p["name"], p["batch_samples"]) for p in report["phases"] if p["batch_samples"]]
     if not series:
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, samples in series:
         ax.plot([t for t, _ in samples], [v for _, v in samples], label=name)

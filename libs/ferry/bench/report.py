@@ -140,15 +140,16 @@ def markdown_summary(report: dict, plot_names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(out_dir: str | Path, meta: dict, phases: list[PhaseResult]) -> dict:
-    """Write bench.json, the PNG plots and summary.md into `out_dir`; returns the report dict."""
+def write_report(out_dir: str | Path, meta: dict, phases: list[PhaseResult], plots: bool = True) -> dict:
+    """Write bench.json, the PNG plots (unless `plots` is False: a report nested in a bigger one, which
+    draws its own) and summary.md into `out_dir`; returns the report dict."""
     from ferry.bench.plots import write_plots
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     report = build_report(meta, phases)
     (out / "bench.json").write_text(json.dumps(report, indent=1, allow_nan=False, default=_json_default))
-    plot_names = write_plots(out, report)
+    plot_names = write_plots(out, report) if plots else []
     (out / "summary.md").write_text(markdown_summary(report, plot_names))
     return report
 

@@ -58,6 +58,22 @@ class WorkloadRequest:
     """Exactly this many output tokens are wanted (use ignore_eos / min_tokens)."""
 
 
+BURST = {"num_requests": 48, "prompt_len_median": 100, "min_prompt_len": 16, "max_prompt_len": 600}
+"""Issue #22's burst, as a user meets it: 48 streaming completions sent at once, prompts log-normal
+(~16-600 words), outputs drawn from {16..256}, greedy and with no ignore_eos (its requests carry
+only max_tokens: `BURST_LENGTH_CONTROL`)."""
+BURST_LENGTH_CONTROL = "none"
+NAMED_WORKLOADS = {"default": {}, "burst": BURST}
+"""`--workload NAME` -> the WorkloadConfig fields it sets (the rest keep their defaults)."""
+
+
+def named_workload(name: str, **overrides) -> WorkloadConfig:
+    """A WorkloadConfig from a NAMED_WORKLOADS preset, with explicit `overrides` on top."""
+    if name not in NAMED_WORKLOADS:
+        raise ValueError(f"workload {name!r}: choose from {sorted(NAMED_WORKLOADS)}")
+    return WorkloadConfig(**{**NAMED_WORKLOADS[name], **overrides})
+
+
 def make_workload(cfg: WorkloadConfig) -> list[WorkloadRequest]:
     rng = random.Random(cfg.seed)
     prefix = [rng.randrange(cfg.first_token_id, cfg.vocab_size) for _ in range(cfg.shared_prefix_len)]

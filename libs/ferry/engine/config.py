@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ferry.dtypes import DTYPE_NAMES
+
 BATCHING_MODES = ("dynamic", "static")
 ENGINE_ROLES = ("both", "prefill", "decode")
-KV_CACHE_DTYPES = ("float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = DTYPE_NAMES
+ATTENTION_CHOICES = ("auto", "torch", "triton")
+"""EngineConfig.attention / FERRY_ATTENTION values; ferry.kernels.backend resolves them for a device."""
 
 
 @dataclass(slots=True)
 class EngineConfig:
     block_size: int = 16
-    """Tokens per KV block."""
+    """Tokens per KV block: a power of two (a Triton tile dimension), at least 16 on a GPU."""
     num_kv_blocks: int | None = None
     """Blocks in the KV pool; None sizes the pool from kv_cache_memory_gb."""
     kv_cache_memory_gb: float = 1.0
@@ -28,6 +32,10 @@ class EngineConfig:
     role: str = "both"
     """'prefill': a request stops after its first token and its KV stays pinned for take_prefilled."""
     device: str = "cpu"
+    """'cpu', 'cuda' or 'cuda:N': the engine's calls run under a guard for that device, on any thread."""
+    attention: str | None = None
+    """Attention implementation: 'auto' (Triton on CUDA, else the CPU path), 'torch' or 'triton';
+    None reads FERRY_ATTENTION. Resolved once when the engine is built (ferry.kernels.backend)."""
     dtype: str | None = None
     """Model dtype; None keeps the checkpoint's."""
     kv_cache_dtype: str | None = None
@@ -43,6 +51,19 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _require(self.block_size >= 1, "block_size", self.block_size, "must be >= 1")
+        _require(self.block_size & (self.block_size - 1) == 0, "block_size", self.block_size, "must be a power of 2")
+        _require(
+            not self.device.startswith("cuda") or self.block_size >= 16,
+            "block_size",
+            self.block_size,
+            "must be >= 16 on a GPU (the Triton kernels' tile)",
+        )
+        _require(
+            self.attention is None or self.attention in ATTENTION_CHOICES,
+            "attention",
+            self.attention,
+            f"must be None or one of {ATTENTION_CHOICES}",
+        )
         _require(
             self.num_kv_blocks is None or self.num_kv_blocks >= 1,
             "num_kv_blocks",

@@ -1,22 +1,28 @@
 """Incremental detokenization and stop strings: token ids in, printable text deltas out.
 
-Text is re-decoded over a short window (a few tokens before the unread ones, so tokenizers that
-merge spaces across tokens get the boundary right). A delta ending in U+FFFD is an incomplete
-UTF-8 sequence: it waits for the next token, so no half character is ever emitted. Stop strings
-are matched on the accumulated text, across token boundaries; text that might still turn out to
-be the start of a stop string is held back, and the stop string itself is never emitted.
-No torch.
+Text comes from tokenizers' DecodeStream: it re-decodes a short window (a few tokens before the
+unread ones, so tokenizers that merge spaces across tokens get the boundary right) and holds back
+a delta ending in U+FFFD, an incomplete UTF-8 sequence, until the next token completes it, so no
+half character is ever emitted. Stop strings are matched on the accumulated text, across token
+boundaries; text that might still turn out to be the start of a stop string is held back, and the
+stop string itself is never emitted. No torch.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.decoders import DecodeStream
+
 _CONTEXT_TOKENS = 5
 _REPLACEMENT = "\ufffd"
 
 
 class Decoder(Protocol):
+    @property
+    def backend(self) -> HFTokenizer: ...
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
@@ -24,32 +30,43 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Decoder, prompt_token_ids: list[int], skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
-        self._ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
-        self._prefix_offset = 0
-        self._read_offset = len(self._ids)
+        self._read = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        """The last ids whose text is out (the prompt's, at first): context for the next ones."""
+        self._unread: list[int] = []
+        self._stream = self._new_stream()
 
     def add(self, token_ids: list[int]) -> str:
         """Append tokens; return the newly complete text (possibly empty)."""
-        self._ids.extend(token_ids)
-        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        full = self._decode(self._ids[self._prefix_offset :])
-        if len(full) <= len(prefix) or full.endswith(_REPLACEMENT):
+        self._unread.extend(token_ids)
+        text = self._stream.step(self._tokenizer.backend, list(token_ids))
+        if text is None:
             return ""
-        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-        if self._prefix_offset > 4 * _CONTEXT_TOKENS:  # keep the window short: trim old ids
-            drop = self._prefix_offset - _CONTEXT_TOKENS
-            del self._ids[:drop]
-            self._prefix_offset -= drop
-            self._read_offset -= drop
-        return full[len(prefix) :]
+        self._mark_read()
+        return text
 
     def flush(self) -> str:
         """The request ended: whatever the unread tokens decode to (an invalid byte tail stays
-        as U+FFFD, as a full decode would show it)."""
-        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        full = self._decode(self._ids[self._prefix_offset :])
-        self._prefix_offset = self._read_offset = len(self._ids)
+        as U+FFFD, as a full decode would show it; DecodeStream would hold it forever)."""
+        if not self._unread:
+            return ""
+        prefix = self._decode(self._read)
+        full = self._decode(self._read + self._unread)
+        self._mark_read()
+        self._stream = self._new_stream()
         return full[len(prefix) :] if len(full) > len(prefix) else ""
+
+    def _new_stream(self) -> DecodeStream:
+        """A stream positioned after self._read. A context that ends inside a character (a prompt
+        cut mid-UTF-8) is cut before it: DecodeStream would emit the whole context once the
+        character completes; this way the orphan bytes decode as they would on their own."""
+        context = list(self._read)
+        while context and self._decode(context).endswith(_REPLACEMENT):
+            context.pop()
+        return DecodeStream(ids=context, skip_special_tokens=self._skip_special)
+
+    def _mark_read(self) -> None:
+        self._read = (self._read + self._unread)[-_CONTEXT_TOKENS:]
+        self._unread = []
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)

@@ -22,6 +22,7 @@ from ferry.engine.scheduler import ScheduledBatch, Scheduler
 from ferry.engine.sequence import Sequence
 from ferry.model import LoadedModel, load_model
 from ferry.protocol import SamplingParams, hash_full_blocks
+from ferry.slo.step_model import StepRecord
 
 
 class LLMEngine:
@@ -29,7 +30,7 @@ class LLMEngine:
         self.lm = lm
         self.config = config = config or EngineConfig()
         num_blocks = config.num_kv_blocks or self._blocks_for_memory(lm, config)
-        self.runner = ModelRunner(lm, num_blocks, config.block_size, config.device, _kv_dtype(config))
+        self.runner = ModelRunner(lm, num_blocks, config.block_size, config.device, _kv_dtype(config), config.attention)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -42,6 +43,8 @@ class LLMEngine:
         self._requests: dict[str, RequestState] = {}
         self._pinned: dict[str, RequestState] = {}
         self._num_computed_tokens = self._num_steps = self._num_generated = self._num_scheduled = 0
+        self.last_step: StepRecord | None = None
+        """What the latest non-empty step ran and how long it took (the step-time model learns from it)."""
 
     @classmethod
     def from_model_path(cls, path: str | Path, config: EngineConfig | None = None) -> LLMEngine:
@@ -87,14 +90,40 @@ class LLMEngine:
 
     # ---- one step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        started = time.perf_counter()
         batch = self.scheduler.schedule()
         if batch.is_empty:
             self.runner.idle()  # an expert-parallel rank still joins its group's all-to-alls
             return []
+        shape = _step_shape(batch)  # before update: context is what the cache held going in
         logits = self.runner.run(batch)  # [B, vocab]
         self.scheduler.update(batch)
         self._count(batch)
-        return self._postprocess(batch, logits)
+        outputs = self._postprocess(batch, logits)
+        self.last_step = StepRecord(*shape, duration_ms=(time.perf_counter() - started) * 1000.0)
+        return outputs
+
+    def set_limits(self, max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None) -> None:
+        """Change the running-sequence cap and the step's token budget from the next step on (an
+        SLO controller's decisions; config keeps the values the engine started with). A cap below
+        the number running admits nobody until enough finish: nothing is preempted for it."""
+        if max_num_seqs is not None:
+            if max_num_seqs < 1:
+                raise ValueError(f"max_num_seqs={max_num_seqs}: must be >= 1")
+            self.scheduler.max_num_seqs = max_num_seqs
+        if max_num_batched_tokens is not None:
+            if max_num_batched_tokens < 1:
+                raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens}: must be >= 1")
+            self.scheduler.max_num_batched_tokens = max_num_batched_tokens
+
+    @property
+    def max_num_seqs(self) -> int:
+        """The running-sequence cap in force now (config's, unless set_limits changed it)."""
+        return self.scheduler.max_num_seqs
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        return self.scheduler.max_num_batched_tokens
 
     def _postprocess(self, batch: ScheduledBatch, logits: torch.Tensor) -> list[RequestOutput]:
         rows = [i for i, s in enumerate(batch.seqs) if s.num_computed_tokens == s.num_tokens]
@@ -156,7 +185,7 @@ class LLMEngine:
         """Room for a sequence of num_tokens (+1 to decode) now, in blocks and in the batch cap."""
         num_seqs = len(self.scheduler.running) + len(self.scheduler.waiting)
         return (
-            num_seqs < self.config.max_num_seqs
+            num_seqs < self.scheduler.max_num_seqs
             and self.block_manager.blocks_for(num_tokens + 1) <= self.block_manager.num_free_blocks
         )
 
@@ -266,6 +295,12 @@ class LLMEngine:
     def _blocks_for_memory(lm: LoadedModel, config: EngineConfig) -> int:
         per_block = ModelRunner.block_bytes(lm, config.block_size, _kv_dtype(config))
         return max(1, int(config.kv_cache_memory_gb * 2**30 // per_block))
+
+
+def _step_shape(batch: ScheduledBatch) -> tuple[int, int, int]:
+    """(sequences, prefill tokens, context tokens read) of a scheduled batch, before it runs."""
+    prefill = sum(n for seq, n in zip(batch.seqs, batch.num_new_tokens) if not seq.is_prefill_done)
+    return len(batch.seqs), prefill, sum(seq.num_computed_tokens for seq in batch.seqs)
 
 
 def _kv_dtype(config: EngineConfig) -> torch.dtype | None:

@@ -54,8 +54,9 @@ def sample(
     greedy_ids = logits.argmax(dim=-1)  # [B]
     random_rows = [i for i, r in enumerate(requests) if not r.sampling.is_greedy]
     if random_rows:
-        picked = _sample_random(logits[random_rows], [requests[i] for i in random_rows], generator)
-        greedy_ids[random_rows] = picked
+        rows = torch.tensor(random_rows, dtype=torch.int64).to(logits.device, non_blocking=True)
+        picked = _sample_random(logits[rows], [requests[i] for i in random_rows], generator)
+        greedy_ids[rows] = picked
     token_ids = greedy_ids.tolist()
     return SampleResult(token_ids, _logprobs(raw, requests, token_ids))
 
@@ -74,37 +75,54 @@ def _is_plain_greedy(req: SampleRequest) -> bool:
 
 
 def _apply_penalties(logits: torch.Tensor, requests: list[SampleRequest]) -> None:
-    vocab = logits.shape[-1]
-    for i, req in enumerate(requests):
-        sp = req.sampling
-        if sp.repetition_penalty != 1.0:
-            seen = torch.tensor(req.token_ids, device=logits.device).unique()
-            row = logits[i, seen]
-            logits[i, seen] = torch.where(row > 0, row / sp.repetition_penalty, row * sp.repetition_penalty)
-        if (sp.presence_penalty or sp.frequency_penalty) and req.num_output_tokens:
-            output = torch.tensor(req.token_ids[req.num_prompt_tokens :], device=logits.device)
-            counts = torch.bincount(output, minlength=vocab)
-            counts = counts[:vocab].to(logits.dtype)  # [V]
-            logits[i] -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(logits.dtype)
+    """Repetition, presence and frequency penalties of the whole batch at once: every row's token ids
+    go to the device in one padded tensor (pad id = vocab, a column dropped after), no per-row copy."""
+    rep = [r.sampling.repetition_penalty for r in requests]
+    freq = [r.sampling.frequency_penalty if r.num_output_tokens else 0.0 for r in requests]
+    pres = [r.sampling.presence_penalty if r.num_output_tokens else 0.0 for r in requests]
+    if any(p != 1.0 for p in rep):
+        seen = _token_mask(logits, [r.token_ids if p != 1.0 else [] for r, p in zip(requests, rep)]) > 0
+        penalty = _column(rep, logits)  # [B, 1]
+        logits.copy_(torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits))
+    if any(freq) or any(pres):
+        outputs = [r.token_ids[r.num_prompt_tokens :] if f or p else [] for r, f, p in zip(requests, freq, pres)]
+        counts = _token_mask(logits, outputs)  # [B, V]
+        logits -= _column(freq, logits) * counts + _column(pres, logits) * (counts > 0).to(logits.dtype)
 
 
 def _block_tokens(logits: torch.Tensor, requests: list[SampleRequest]) -> None:
-    for i, req in enumerate(requests):
-        if req.blocked_token_ids:
-            logits[i, list(req.blocked_token_ids)] = float("-inf")
+    if any(r.blocked_token_ids for r in requests):
+        blocked = _token_mask(logits, [list(r.blocked_token_ids) for r in requests]) > 0
+        logits.masked_fill_(blocked, float("-inf"))
+
+
+def _token_mask(logits: torch.Tensor, rows: list[list[int]]) -> torch.Tensor:
+    """-> [B, V] counts of each row's token ids, from one padded host tensor copied once."""
+    batch, vocab = logits.shape
+    width = max((len(ids) for ids in rows), default=0) or 1
+    padded = torch.full((batch, width), vocab, dtype=torch.int64)
+    for i, ids in enumerate(rows):
+        padded[i, : len(ids)] = torch.as_tensor(ids, dtype=torch.int64)
+    padded = padded.to(logits.device, non_blocking=True)
+    counts = torch.zeros(batch, vocab + 1, dtype=logits.dtype, device=logits.device)
+    counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=logits.dtype))
+    return counts[:, :vocab]
+
+
+def _column(values: list[float], like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, dtype=like.dtype).to(like.device, non_blocking=True).unsqueeze(1)
 
 
 def _sample_random(
     logits: torch.Tensor, requests: list[SampleRequest], generator: torch.Generator | None
 ) -> torch.Tensor:
     """logits: [R, V] of the non-greedy rows -> [R] token ids."""
-    temps = torch.tensor([r.sampling.temperature for r in requests], dtype=logits.dtype, device=logits.device)
-    logits = logits / temps.unsqueeze(1)
+    logits = logits / _column([r.sampling.temperature for r in requests], logits)
     _filter_top_k_top_p(logits, requests)
     probs = logits.softmax(dim=-1)  # [R, V]
-    min_ps = torch.tensor([r.sampling.min_p for r in requests], dtype=probs.dtype, device=probs.device)
-    if bool((min_ps > 0).any()):
-        floor = probs.amax(dim=-1, keepdim=True) * min_ps.unsqueeze(1)
+    min_ps = [r.sampling.min_p for r in requests]
+    if any(p > 0 for p in min_ps):  # decided on the host: no device read
+        floor = probs.amax(dim=-1, keepdim=True) * _column(min_ps, probs)
         probs = probs.masked_fill(probs < floor, 0.0)
     noise = _exponential_noise(probs, requests, generator)  # [R, V]
     return (probs / noise).argmax(dim=-1)
@@ -134,10 +152,14 @@ def _exponential_noise(
     tokens on any device; `generator` (a CPU one) serves the rest on CPU, the device RNG elsewhere."""
     on_cpu = probs.device.type == "cpu"
     noise = torch.empty_like(probs).exponential_(generator=generator if on_cpu else None)
-    for i, req in enumerate(requests):
-        if req.sampling.seed is not None:
-            own = torch.Generator().manual_seed(_mix_seed(req.sampling.seed, req.num_output_tokens))
-            noise[i] = torch.empty(probs.shape[-1], dtype=probs.dtype).exponential_(generator=own).to(probs.device)
+    seeded = [i for i, req in enumerate(requests) if req.sampling.seed is not None]
+    if seeded:  # drawn on the host row by row, then copied to the device together
+        own = torch.empty(len(seeded), probs.shape[-1], dtype=probs.dtype)
+        for row, i in enumerate(seeded):
+            seed = _mix_seed(requests[i].sampling.seed, requests[i].num_output_tokens)
+            own[row].exponential_(generator=torch.Generator().manual_seed(seed))
+        index = torch.tensor(seeded, dtype=torch.int64).to(probs.device, non_blocking=True)
+        noise.index_copy_(0, index, own.to(probs.device, non_blocking=True))
     return noise
 
 

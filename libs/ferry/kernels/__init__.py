@@ -1,20 +1,16 @@
 """Attention ops over the paged KV cache: plain-torch references, a fused C++ CPU decode kernel, and
 Triton kernels (GPU).
 
-The model calls the CPU path on CPU tensors and the Triton kernels on CUDA tensors. FERRY_ATTENTION=torch
-forces the CPU path everywhere; FERRY_ATTENTION=triton forces the kernels (on CPU only together
-with TRITON_INTERPRET=1, which the tests use to run the whole model through them). The Triton
-modules are imported only when used. On the CPU path, decode attention runs the fused C++ kernel
-(cpu_decode.py, compiled and cached on first use), and so do prefill chunks of up to CHUNK_MAX_TOKENS
-tokens on a cached context, unless FERRY_CPU_KERNELS=0 or it cannot be built; then the plain-torch
-reference in attention_ref.py runs. The same build holds the step's small fused ops (cpu_layers.py:
-RMSNorm, SiLU-and-mul, rotary, the K/V write), which fall back to plain torch the same way; write_kv
-exported here is that dispatching one.
+Which path a model takes is resolved once (backend.py: 'triton', 'cpu' or 'torch', from the device and
+FERRY_ATTENTION or EngineConfig.attention) and set on its attention layers; FERRY_ATTENTION=triton runs
+the kernels on the CPU only together with TRITON_INTERPRET=1, which the tests use to run the whole model
+through them. The Triton modules are imported only when used. On the 'cpu' path, decode attention
+runs the fused C++ kernel (cpu_decode.py, compiled and cached on first use), and so do prefill chunks
+of up to CHUNK_MAX_TOKENS tokens on a cached context, unless FERRY_CPU_KERNELS=0 or it cannot be
+built; then (and always on the 'torch' path) the plain-torch reference in attention_ref.py runs.
+The same build holds the step's small fused ops (cpu_layers.py: RMSNorm, SiLU-and-mul, rotary, the
+K/V write), which fall back to plain torch the same way; write_kv exported here is that dispatching one.
 """
-
-import os
-
-import torch
 
 from ferry.kernels.attention_ref import (
     causal_mask,
@@ -23,6 +19,7 @@ from ferry.kernels.attention_ref import (
     paged_decode_attention,
     prefill_attention,
 )
+from ferry.kernels.backend import ATTENTION_BACKENDS, resolve_attention
 from ferry.kernels.cpu_decode import (
     CHUNK_MAX_TOKENS,
     cpu_kernels_enabled,
@@ -32,13 +29,8 @@ from ferry.kernels.cpu_decode import (
 )
 from ferry.kernels.cpu_layers import rms_norm, rotary_, silu_and_mul, write_kv
 
-
-def use_triton(t: torch.Tensor) -> bool:
-    choice = os.environ.get("FERRY_ATTENTION", "auto")
-    return choice == "triton" or (choice == "auto" and t.is_cuda)
-
-
 __all__ = [
+    "ATTENTION_BACKENDS",
     "CHUNK_MAX_TOKENS",
     "causal_mask",
     "cpu_kernels_enabled",
@@ -49,9 +41,9 @@ __all__ = [
     "gather_seq",
     "paged_decode_attention",
     "prefill_attention",
+    "resolve_attention",
     "rms_norm",
     "rotary_",
     "silu_and_mul",
-    "use_triton",
     "write_kv",
 ]

@@ -65,12 +65,15 @@ def decode_plan(
     block_size: int,
     window: int | None = None,
     dtype: torch.dtype = torch.float32,
+    host_seq_lens: list[int] | None = None,
 ) -> list[DecodeBucket]:
     """What every layer's decode attention shares in one step. Sequences are grouped by length so
     each group is padded only to its own longest member (padding a batch to its single longest
     sequence made short sequences pay for long ones); groups are chosen to minimise padded slots
-    plus BUCKET_OVERHEAD_SLOTS per group."""
-    cols = [(n + block_size - 1) // block_size for n in seq_lens.tolist()]
+    plus BUCKET_OVERHEAD_SLOTS per group. host_seq_lens: seq_lens as a list, so that grouping reads
+    nothing from the device (AttentionMetadata.decode_seq_lens_host); without it seq_lens is read."""
+    host_seq_lens = seq_lens.tolist() if host_seq_lens is None else host_seq_lens
+    cols = [(n + block_size - 1) // block_size for n in host_seq_lens]
     groups = _length_groups(cols, block_size)
     if len(groups) == 1:
         return [_bucket(None, block_tables, seq_lens, max(cols), block_size, window, dtype)]

@@ -115,6 +115,8 @@ def _ninja_on_path() -> None:
 
 def kernel():
     """The compiled op, building it on the first call; None when it cannot be built."""
+    if "op" in _loaded:  # built (or failed) already: no lock on the per-layer path
+        return _loaded["op"]
     with _lock:
         if "op" not in _loaded:
             try:

@@ -8,13 +8,31 @@ Both run an online softmax over the sequence's cache blocks. Wrappers check shap
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+"""The kernels run in Triton's CPU interpreter (read once, as triton.jit does when it wraps them)."""
+
 
 def _pow2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))  # tl.dot wants every tile dim >= 16
+
+
+def upcast_dots(dtype: torch.dtype) -> bool:
+    """The interpreter multiplies bf16 tiles wrongly (numpy has no bf16); there the dots take the same
+    bf16 values widened to fp32 (exact), so the CPU proof covers everything but the bf16 MMA itself."""
+    return INTERPRETED and dtype == torch.bfloat16
+
+
+@triton.jit
+def _dot(a, b, UPCAST: tl.constexpr):
+    if UPCAST:
+        a, b = a.to(tl.float32), b.to(tl.float32)
+    return tl.dot(a, b, input_precision="ieee")
 
 
 @triton.jit
@@ -56,6 +74,7 @@ def _gqa_decode_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     b, kvh = tl.program_id(0), tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
@@ -79,15 +98,15 @@ def _gqa_decode_kernel(
             k_ptr + block_id * stride_kn + s[:, None] * stride_ks + kvh * stride_kh + d[None, :],
             mask=valid[:, None] & (d[None, :] < D),
             other=0.0,
-        )  # [BS, BD]
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BG, BS]
+        ).to(q.dtype)  # [BS, BD]; a cache of another dtype (bf16 under fp32) is converted on load
+        scores = _dot(q, tl.trans(k), UPCAST) * scale  # [BG, BS]
         p, alpha, m, l = _online_softmax_step(scores, valid[None, :], m, l)
         v = tl.load(
             v_ptr + block_id * stride_vn + s[:, None] * stride_vs + kvh * stride_vh + dv[None, :],
             mask=valid[:, None] & (dv[None, :] < DV),
             other=0.0,
-        )  # [BS, BDV]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        ).to(q.dtype)  # [BS, BDV]
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, UPCAST)
     out = acc / l[:, None]
     tl.store(
         out_ptr + b * stride_ob + heads[:, None] * stride_oh + dv[None, :],
@@ -101,17 +120,25 @@ def _check_common(
 ) -> None:
     if q.dim() != 3 or q.stride(-1) != 1:
         raise ValueError(f"q: need [B, H, D] with unit last stride, got {tuple(q.shape)} {q.stride()}")
-    for cache in caches:
-        if cache.dim() != 4 or cache.stride(-1) != 1 or cache.dtype != q.dtype or cache.device != q.device:
-            raise ValueError(
-                f"cache: need [N, bs, Hkv, D] {q.dtype} on {q.device} with unit last stride, "
-                f"got {tuple(cache.shape)} {cache.dtype} stride {cache.stride()}"
-            )
+    check_caches(q, caches)
     if block_tables.dim() != 2 or block_tables.shape[0] != q.shape[0] or block_tables.stride(-1) != 1:
         raise ValueError(f"block_tables: need [B={q.shape[0]}, M] contiguous rows, got {tuple(block_tables.shape)}")
     if tuple(seq_lens.shape) != (q.shape[0],) or not seq_lens.is_contiguous():
         raise ValueError(f"seq_lens: need [B={q.shape[0]}], got {tuple(seq_lens.shape)}")
     check_block_size(caches[0])
+
+
+CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""A cache may differ in dtype from the queries (a bf16 cache under an fp32 model): loads convert it."""
+
+
+def check_caches(q: torch.Tensor, caches: list[torch.Tensor]) -> None:
+    for cache in caches:
+        if cache.dim() != 4 or cache.stride(-1) != 1 or cache.dtype not in CACHE_DTYPES or cache.device != q.device:
+            raise ValueError(
+                f"cache: need [N, bs, Hkv, D] in one of {CACHE_DTYPES} on {q.device} with unit last stride, "
+                f"got {tuple(cache.shape)} {cache.dtype} on {cache.device} stride {cache.stride()}"
+            )
 
 
 def check_block_size(cache: torch.Tensor) -> None:
@@ -163,6 +190,7 @@ def gqa_decode_attention(
         BLOCK_D=_pow2(dim),
         BLOCK_DV=_pow2(dim_v),
         BLOCK_SIZE=block_size,
+        UPCAST=upcast_dots(q.dtype),
     )
     return out
 
@@ -189,6 +217,7 @@ def _mla_decode_kernel(
     BLOCK_C: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     b, hb = tl.program_id(0), tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
@@ -205,14 +234,11 @@ def _mla_decode_kernel(
         block_id = tl.load(tables_ptr + b * stride_tb + blk).to(tl.int64)
         valid = blk * BLOCK_SIZE + s < seq_len
         row = cache_ptr + block_id * stride_cn + s[:, None] * stride_cs
-        latent = tl.load(row + c[None, :], mask=valid[:, None] & (c[None, :] < RANK), other=0.0)  # [BS, BC]
-        k_pe = tl.load(row + RANK + r[None, :], mask=valid[:, None] & (r[None, :] < ROPE), other=0.0)
-        scores = (
-            tl.dot(q_lat, tl.trans(latent), input_precision="ieee")
-            + tl.dot(q_pe, tl.trans(k_pe), input_precision="ieee")
-        ) * scale  # [BH, BS]
+        latent = tl.load(row + c[None, :], mask=valid[:, None] & (c[None, :] < RANK), other=0.0).to(q_lat.dtype)
+        k_pe = tl.load(row + RANK + r[None, :], mask=valid[:, None] & (r[None, :] < ROPE), other=0.0).to(q_pe.dtype)
+        scores = (_dot(q_lat, tl.trans(latent), UPCAST) + _dot(q_pe, tl.trans(k_pe), UPCAST)) * scale  # [BH, BS]
         p, alpha, m, l = _online_softmax_step(scores, valid[None, :], m, l)
-        acc = acc * alpha[:, None] + tl.dot(p.to(latent.dtype), latent, input_precision="ieee")
+        acc = acc * alpha[:, None] + _dot(p.to(latent.dtype), latent, UPCAST)
     out = acc / l[:, None]
     tl.store(
         out_ptr + b * stride_ob + h[:, None] * stride_oh + c[None, :],
@@ -255,5 +281,6 @@ def mla_decode_attention(
         BLOCK_C=_pow2(rank),
         BLOCK_R=_pow2(width - rank),
         BLOCK_SIZE=cache.shape[1],
+        UPCAST=upcast_dots(q.dtype),
     )
     return out

@@ -12,7 +12,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ferry.kernels.triton_decode import _online_softmax_step, _pow2, check_block_size
+from ferry.kernels.triton_decode import (
+    _dot,
+    _online_softmax_step,
+    _pow2,
+    check_block_size,
+    check_caches,
+    upcast_dots,
+)
 
 
 @triton.jit
@@ -44,6 +51,7 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     b, tile, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(query_start_ptr + b)
@@ -75,8 +83,8 @@ def _prefill_kernel(
             k_ptr + block_id * stride_kn + s[:, None] * stride_ks + kvh * stride_kh + d[None, :],
             mask=in_seq[:, None] & (d[None, :] < D),
             other=0.0,
-        )  # [BS, BD]
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BM, BS]
+        ).to(q.dtype)  # [BS, BD]; a cache of another dtype (bf16 under fp32) is converted on load
+        scores = _dot(q, tl.trans(k), UPCAST) * scale  # [BM, BS]
         valid = (k_pos[None, :] <= q_pos[:, None]) & in_seq[None, :]
         valid = valid & ((window == 0) | (k_pos[None, :] > q_pos[:, None] - window))
         p, alpha, m, l = _online_softmax_step(scores, valid, m, l)
@@ -84,8 +92,8 @@ def _prefill_kernel(
             v_ptr + block_id * stride_vn + s[:, None] * stride_vs + kvh * stride_vh + dv[None, :],
             mask=in_seq[:, None] & (dv[None, :] < DV),
             other=0.0,
-        )  # [BS, BDV]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        ).to(q.dtype)  # [BS, BDV]
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, UPCAST)
     out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
     tl.store(
         out_ptr + (q_start + rows)[:, None] * stride_ot + h * stride_oh + dv[None, :],
@@ -109,9 +117,7 @@ def varlen_prefill_attention(
     step's K/V; block_tables [B, M]; query_start_loc [B+1]; seq_lens [B] -> [T, H, Dv]."""
     if q.dim() != 3 or q.stride(-1) != 1:
         raise ValueError(f"q: need [T, H, D] with unit last stride, got {tuple(q.shape)}")
-    for cache in (k_cache, v_cache):
-        if cache.dim() != 4 or cache.stride(-1) != 1 or cache.dtype != q.dtype or cache.device != q.device:
-            raise ValueError(f"cache: need [N, bs, Hkv, D] {q.dtype} with unit last stride, got {tuple(cache.shape)}")
+    check_caches(q, [k_cache, v_cache])
     check_block_size(k_cache)
     batch = seq_lens.shape[0]
     if tuple(query_start_loc.shape) != (batch + 1,) or block_tables.shape[0] != batch:
@@ -152,5 +158,6 @@ def varlen_prefill_attention(
         BLOCK_D=_pow2(dim),
         BLOCK_DV=_pow2(dim_v),
         BLOCK_SIZE=k_cache.shape[1],
+        UPCAST=upcast_dots(q.dtype),
     )
     return out

@@ -25,6 +25,9 @@ from ferry.launcher import SERVICE_MODULES
 from ferry.launcher.endpoints import DEFAULT_NATS_MONITOR_PORT, DEFAULT_NATS_PORT, print_urls, start_servers
 
 STOP_GRACE_S = 10.0
+SMALL_MACHINE_CORES = 4
+"""Up to this many cores, `--layout auto` runs one worker that prefills and decodes: two model
+processes would fight over the cores, and every sequence's KV would cross Redis for nothing."""
 POLL_S = 0.2
 
 
@@ -57,10 +60,19 @@ class Child:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, help="checkpoint folder; without it a tiny random demo model")
     parser.add_argument(
-        "--prefill-workers", type=int, default=1, metavar="N", help="prefill worker processes (default 1)"
+        "--layout",
+        choices=("auto", "split", "both"),
+        default="auto",
+        help="split: prefill and decode workers (KV handed over through Redis); both: workers that "
+        f"prefill and decode (FERRY_ROLE=both, no hand-off); auto: both on a machine of <= {SMALL_MACHINE_CORES} "
+        "cores unless --prefill-workers/--decode-workers are given, else split",
+    )
+    parser.add_argument("--workers", type=int, default=1, metavar="K", help="worker processes of layout both (1)")
+    parser.add_argument(
+        "--prefill-workers", type=int, metavar="N", help="prefill worker processes of layout split (default 1)"
     )
     parser.add_argument(
-        "--decode-workers", type=int, default=1, metavar="M", help="decode worker processes (default 1)"
+        "--decode-workers", type=int, metavar="M", help="decode worker processes of layout split (default 1)"
     )
     parser.add_argument("--host", default="127.0.0.1", help="gateway HTTP host")
     parser.add_argument("--port", type=int, default=8000, help="gateway HTTP port")
@@ -94,15 +106,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-running", type=int, help="batch cap per worker (FERRY_MAX_RUNNING)")
     parser.add_argument("--max-batch-tokens", type=int, help="tokens per step (FERRY_MAX_BATCH_TOKENS)")
     parser.add_argument(
-        "--torch-threads", type=int, help="CPU threads per worker (OMP_NUM_THREADS); default: torch's own choice"
+        "--torch-threads",
+        type=int,
+        help="CPU threads per worker; default: $OMP_NUM_THREADS if set, else the cores shared out among "
+        "the workers (at least 1 each), so their threads never outnumber the cores",
     )
     parser.add_argument("--run-dir", type=Path, help="logs and the demo model (default: a new temp folder)")
     parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for readiness")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.prefill_workers < 1 or args.decode_workers < 1:
-        raise SystemExit("ferry up: --prefill-workers and --decode-workers must be >= 1")
+    resolve_layout(args)
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="ferry-up-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -150,9 +164,31 @@ def _model(model: Path | None, run_dir: Path) -> Path:
     return path
 
 
+def resolve_layout(args: argparse.Namespace, num_cores: int | None = None) -> None:
+    """Fix `args.layout` (auto -> split or both), the worker counts and `args.torch_threads`."""
+    num_cores = num_cores or os.cpu_count() or 1
+    split_asked = args.prefill_workers is not None or args.decode_workers is not None
+    if args.layout == "auto":
+        args.layout = "split" if split_asked or num_cores > SMALL_MACHINE_CORES else "both"
+    if args.layout == "both" and split_asked:
+        raise SystemExit("ferry up: --prefill-workers/--decode-workers are for --layout split (both: --workers)")
+    args.prefill_workers = 1 if args.prefill_workers is None else args.prefill_workers
+    args.decode_workers = 1 if args.decode_workers is None else args.decode_workers
+    if min(args.prefill_workers, args.decode_workers, args.workers) < 1:
+        raise SystemExit("ferry up: --workers, --prefill-workers and --decode-workers must be >= 1")
+    if args.torch_threads is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        args.torch_threads = int(os.environ["OMP_NUM_THREADS"])  # the caller's choice, as before --torch-threads
+    if args.torch_threads is None:
+        num_workers = args.workers if args.layout == "both" else args.prefill_workers + args.decode_workers
+        args.torch_threads = max(1, num_cores // num_workers)
+
+
 def plan_services(args: argparse.Namespace, model_dir: Path, nats_url: str, redis_url: str) -> list[ServiceSpec]:
     """Every process `ferry up` starts, in start order."""
+    if getattr(args, "layout", "split") == "auto":
+        resolve_layout(args)
     common = {"FERRY_NATS_URL": nats_url, "FERRY_REDIS_URL": redis_url, "FERRY_MODEL": str(model_dir)}
+    common["OMP_NUM_THREADS"] = "1"  # no model in them: their torch import must not spin threads on the cores
     tag = uuid.uuid4().hex[:4]  # two `ferry up` on one NATS must not share worker ids
     worker_env = {
         k: str(v)
@@ -171,7 +207,9 @@ def plan_services(args: argparse.Namespace, model_dir: Path, nats_url: str, redi
         ServiceSpec("prefill-balancer", "prefill-balancer", dict(common)),
         ServiceSpec("decode-balancer", "decode-balancer", dict(common)),
     ]
-    for role, count in (("prefill", args.prefill_workers), ("decode", args.decode_workers)):
+    roles = [("both", args.workers)] if getattr(args, "layout", "split") == "both" else []
+    roles = roles or [("prefill", args.prefill_workers), ("decode", args.decode_workers)]
+    for role, count in roles:
         for i in range(count):
             worker_id = f"{role}-{i}-{tag}"
             env = {**common, **worker_env, "FERRY_ROLE": role, "FERRY_WORKER_ID": worker_id}

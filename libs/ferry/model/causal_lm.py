@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ferry.kernels import ATTENTION_BACKENDS
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
 from ferry.model.cpu_linear import Linear
@@ -67,11 +68,21 @@ class CausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self.rotary = make_rotary(cfg)
+        self.attention_backend = "cpu"
 
     def tie_weights(self) -> None:
         """Shares the embedding with lm_head when the config says so (again after to_empty, which unties)."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def set_attention_backend(self, backend: str) -> None:
+        """Every attention layer runs backend (one of ATTENTION_BACKENDS, see ferry.kernels.backend) from
+        now on: chosen once, not per call."""
+        if backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention backend: {backend!r}, expected one of {ATTENTION_BACKENDS}")
+        for layer in self.model.layers:
+            layer.self_attn.backend = backend
+        self.attention_backend = backend
 
     def fuse_projections(self) -> None:
         """After loading: q/k/v and gate/up each become one matmul (parameters become slices)."""

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ferry.dtypes import check_dtype_name
+
 # HF `architectures[0]` -> our short family name.
 ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -20,7 +22,6 @@ ARCHITECTURES: dict[str, str] = {
     "Qwen2ForCausalLM": "qwen2",
     "DeepseekV3ForCausalLM": "deepseek_v3",
 }
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(slots=True)
@@ -81,8 +82,7 @@ class ModelConfig:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads: {self.num_kv_heads} does not divide num_heads {self.num_heads}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype: unsupported {self.dtype!r}, expected one of {DTYPES}")
+        check_dtype_name(self.dtype, "dtype")
         if self.sliding_windows and len(self.sliding_windows) != self.num_layers:
             raise ValueError("sliding_windows: needs one entry per layer")
         if self.is_mla:

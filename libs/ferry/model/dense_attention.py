@@ -15,7 +15,6 @@ from ferry.kernels import (
     paged_decode_attention,
     prefill_attention,
     rotary_,
-    use_triton,
     write_kv,
 )
 from ferry.model.attention_meta import AttentionMetadata
@@ -26,17 +25,21 @@ from ferry.model.layers import fuse_linears
 from ferry.model.rope import apply_rotary
 
 
-def decode_plan_for(meta: AttentionMetadata, block_size: int, window: int | None, dtype: torch.dtype):
-    """The decoding rows' gather plan, built by the first layer of the step and reused by the rest."""
-    if not meta.decode_token_rows.numel():
+def decode_plan_for(meta: AttentionMetadata, block_size: int, window: int | None, dtype: torch.dtype, kv=None):
+    """The decoding rows' gather plan, from the host lengths; built by the first layer of the step and
+    kept in kv's step cache for the rest (when kv is given)."""
+    if not meta.num_decodes:
         return None
-    key = ("decode_plan", window, dtype)
-    if key not in meta.step_cache:
-        meta.step_cache[key] = decode_plan(meta.decode_block_tables, meta.decode_seq_lens, block_size, window, dtype)
-    return meta.step_cache[key]
+    tables, seq_lens, host_lens = meta.decode_block_tables, meta.decode_seq_lens, meta.decode_seq_lens_host
+    if kv is None:
+        return decode_plan(tables, seq_lens, block_size, window, dtype, host_lens)
+    cache, key = kv.step_cache(meta), ("decode_plan", window, dtype)
+    if key not in cache:
+        cache[key] = decode_plan(tables, seq_lens, block_size, window, dtype, host_lens)
+    return cache[key]
 
 
-def cpu_decode_attention(
+def torch_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -44,14 +47,15 @@ def cpu_decode_attention(
     scale: float,
     window: int | None = None,
     kv: PagedKVCache | None = None,
+    fused: bool = True,
 ) -> torch.Tensor:
-    """CPU decode attention of the decoding rows, q [Bd, H, D] -> [Bd, H, Dv]: the fused kernel, which reads
-    the cache in place, or (FERRY_CPU_KERNELS=0, no compiler) the plain-torch reference, which gathers
-    into kv's scratch buffers when kv is given."""
+    """Decode attention of the decoding rows, q [Bd, H, D] -> [Bd, H, Dv]. fused (the 'cpu' backend):
+    the C++ kernel, which reads the cache in place, when it is built and switched on; else the plain-torch
+    reference, which gathers into kv's scratch buffers when kv is given."""
     tables, seq_lens = meta.decode_block_tables, meta.decode_seq_lens
-    if fused_decode_enabled():
+    if fused and fused_decode_enabled():
         return fused_paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale, window)
-    plan = decode_plan_for(meta, k_cache.shape[1], window, q.dtype)
+    plan = decode_plan_for(meta, k_cache.shape[1], window, q.dtype, kv)
     scratch = None
     if kv is not None and plan:
         most_blocks = max(b.flat_blocks.numel() for b in plan)
@@ -70,6 +74,8 @@ class GQAttention(nn.Module):
         self.v_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
         self.qkv: FusedProjection | None = None
+        self.backend = "cpu"
+        """One of ATTENTION_BACKENDS, set once by CausalLM.set_attention_backend."""
 
     def fuse(self) -> None:
         self.qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
@@ -100,20 +106,21 @@ class GQAttention(nn.Module):
         q, k, v = self._project(x, cos, sin)
         write_kv(kv.layer(self.layer, 0), meta.slot_mapping, k)
         write_kv(kv.layer(self.layer, 1), meta.slot_mapping, v)
-        attend = self._triton_attention if use_triton(q) else self._torch_attention
+        attend = self._triton_attention if self.backend == "triton" else self._torch_attention
         return self.o_proj(attend(q, k, v, kv, meta).reshape(tokens, -1))
 
     def _torch_attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
-        """CPU: decoding rows in one batched call, prefilling sequences one by one -> [T, H, D]."""
+        """'cpu' / 'torch': decoding rows in one batched call, prefilling sequences one by one -> [T, H, D]."""
         k_cache, v_cache = kv.layer(self.layer, 0), kv.layer(self.layer, 1)
+        fused = self.backend == "cpu"
         if not meta.prefill_rows:  # a pure decode step: rows are already in sequence order
-            return cpu_decode_attention(q, k_cache, v_cache, meta, self.scale, self.window, kv)
+            return torch_decode_attention(q, k_cache, v_cache, meta, self.scale, self.window, kv, fused)
         out = torch.empty_like(q)  # [T, H, D]
-        if meta.decode_token_rows.numel():
+        if meta.num_decodes:
             rows = meta.decode_token_rows
-            out[rows] = cpu_decode_attention(q[rows], k_cache, v_cache, meta, self.scale, self.window, kv)
+            out[rows] = torch_decode_attention(q[rows], k_cache, v_cache, meta, self.scale, self.window, kv, fused)
         for i in meta.prefill_rows:
             start, end = meta.query_starts[i], meta.query_starts[i + 1]
             out[start:end] = self._prefill_one(
@@ -131,10 +138,11 @@ class GQAttention(nn.Module):
         blocks: torch.Tensor,
         ctx: int,
     ) -> torch.Tensor:
-        """CPU, one prefilling sequence: q [L, H, D], k/v [L, Hkv, D] of its new tokens -> [L, H, D]."""
+        """One prefilling sequence: q [L, H, D], k/v [L, Hkv, D] of its new tokens -> [L, H, D]."""
         if ctx == 0:  # the whole sequence is new: use this step's K/V directly
             return prefill_attention(q, k, v, 0, self.scale, self.window)
-        if q.shape[0] <= CHUNK_MAX_TOKENS and fused_decode_enabled():  # reads the cached context in place
+        fused = self.backend == "cpu" and q.shape[0] <= CHUNK_MAX_TOKENS and fused_decode_enabled()
+        if fused:  # reads the cached context in place
             return fused_chunk_attention(q, k_cache, v_cache, blocks, ctx, self.scale, self.window)
         total = ctx + q.shape[0]
         return prefill_attention(
@@ -144,7 +152,7 @@ class GQAttention(nn.Module):
     def _triton_attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
-        """GPU: one kernel launch for the whole batch, no per-sequence loop."""
+        """'triton': one kernel launch for the whole batch, no per-sequence loop."""
         k_cache, v_cache = kv.layer(self.layer, 0), kv.layer(self.layer, 1)
         if not meta.prefill_rows:
             from ferry.kernels.triton_decode import gqa_decode_attention

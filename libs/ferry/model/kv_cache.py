@@ -36,6 +36,14 @@ class PagedKVCache:
         )
 
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._step: tuple[object, dict] = (None, {})
+
+    def step_cache(self, meta: object) -> dict:
+        """A dict every layer of the step that meta (its AttentionMetadata) describes shares, for what
+        they derive alike (decode gather plans); a new meta starts an empty one."""
+        if self._step[0] is not meta:
+            self._step = (meta, {})
+        return self._step[1]
 
     def decode_scratch(self, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Two flat buffers of at least numel elements that decode attention gathers K and V into;

@@ -49,7 +49,8 @@ class GatedMLP(nn.Module):
         self.gate_up: FusedProjection | None = None
 
     def fuse(self) -> None:
-        self.gate_up = fuse_linears(self.gate_proj, self.up_proj)
+        if not self.gate_proj.is_fused:  # a MoE expert whose weights GroupedExperts already stacked
+            self.gate_up = fuse_linears(self.gate_proj, self.up_proj)
 
     def prepack(self) -> None:
         if self.gate_up is not None:

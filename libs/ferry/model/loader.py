@@ -13,13 +13,13 @@ from pathlib import Path
 
 import torch
 
+from ferry.dtypes import torch_dtype
+from ferry.kernels import resolve_attention
 from ferry.model.causal_lm import CausalLM, make_rotary
 from ferry.model.config import ModelConfig, read_config
 from ferry.model.kv_cache import KV_LAYOUT_VERSION
 from ferry.model.tokenizer import Tokenizer
 from ferry.model.weights import load_weights, weights_digest
-
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(slots=True)
@@ -51,7 +51,8 @@ def load_model(
     tokenizer = Tokenizer.from_dir(path)
     with torch.device("meta"):
         model = CausalLM(config)
-    model = model.to_empty(device=device).to(torch_dtype)
+    # cast on the meta device (free), then allocate: memory is taken once, in the target dtype
+    model = model.to(torch_dtype).to_empty(device=device)
     model.tie_weights()
     model.rotary = make_rotary(config).to(device)  # meta init left the frequencies empty
     load_weights(model, path)
@@ -59,6 +60,7 @@ def load_model(
     if torch.device(device).type == "cpu":
         model.prepack_cpu_weights()
     model.eval()
+    model.set_attention_backend(resolve_attention(device))  # the engine sets its own (EngineConfig.attention)
     dtype_name = str(torch_dtype).removeprefix("torch.")
     fingerprint = hashlib.sha256(
         f"{config.arch}|{dtype_name}|kv{KV_LAYOUT_VERSION}|{config.config_hash()}|{weights_digest(path)}".encode()
@@ -77,9 +79,7 @@ def load_model(
 def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype not in TORCH_DTYPES:
-        raise ValueError(f"dtype: unsupported {dtype!r}, expected one of {sorted(TORCH_DTYPES)}")
-    return TORCH_DTYPES[dtype]
+    return torch_dtype(dtype)
 
 
 def _eos_ids(path: Path, config: ModelConfig, tokenizer: Tokenizer) -> list[int]:

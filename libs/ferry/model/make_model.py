@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ferry.dtypes import DTYPE_NAMES, torch_dtype
+
 ARCH_NAMES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -109,7 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", choices=sorted(ARCH_NAMES), default="llama")
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
     parser.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="float32")
     parser.add_argument(
         "--max-shard-mb",
         type=float,
@@ -200,5 +202,5 @@ def _write_weights(out_dir: Path, hf: dict[str, Any], seed: int, dtype: str, max
     with torch.device("meta"):
         model = CausalLM(cfg)
     tensors = random_state_dict(model, generator, std=hf["initializer_range"])
-    target = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    target = torch_dtype(dtype)
     save_state_dict({k: v.to(target) for k, v in tensors.items()}, out_dir, max_shard_mb)

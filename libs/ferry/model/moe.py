@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ferry.model.config import ModelConfig
+from ferry.model.grouped_experts import GroupedExperts
 from ferry.model.layers import GatedMLP
 
 
@@ -48,22 +49,21 @@ class MoE(nn.Module):
             if cfg.n_shared_experts
             else None
         )
+        self.grouped: GroupedExperts | None = None
+
+    def fuse(self) -> None:
+        """After loading: the experts' weights become one stack (their parameters re-pointed at it)."""
+        self.grouped = GroupedExperts.stack(self.experts, share=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden]
         ids, weights = self.gate(x)
-        out = torch.zeros_like(x)
-        flat_ids = ids.flatten()  # [T*k]
-        order = flat_ids.argsort()
-        counts = torch.bincount(flat_ids, minlength=len(self.experts)).tolist()
-        token_of = order // ids.shape[1]  # [T*k] token row of each sorted assignment
-        start = 0
-        # loop over experts, not tokens: each expert runs once on all the tokens routed to it
-        for expert, count in zip(self.experts, counts):
-            if count:
-                rows, slots = token_of[start : start + count], order[start : start + count]
-                y = expert(x[rows]) * weights.flatten()[slots, None].to(x.dtype)
-                out.index_add_(0, rows, y)
-            start += count
+        out = self.routed(x, ids, weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out
+
+    def routed(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden], ids/weights [T, k] (the gate's choice) -> [T, hidden]: the routed experts' weighted
+        sum, one grouped matmul with no host sync (grouped_experts.py)."""
+        grouped = self.grouped or GroupedExperts.stack(self.experts)  # unfused (tests): stacked per call
+        return grouped(x, ids, weights)

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ferry.kernels import silu_and_mul
+from ferry.model.grouped_experts import GroupedExperts
 from ferry.model.moe import MoE, Router
 from ferry.parallel.placement import ExpertPlacement
 
@@ -51,6 +53,9 @@ class ExpertParallelMoE(nn.Module):
         assert len(local_experts) == placement.slots_per_rank
         self.placement = placement
         self.experts = nn.ModuleList(local_experts)
+        # one stack of this rank's experts (their parameters re-pointed at it, so the whole layer's
+        # stack they came from is freed): one grouped matmul, as the single-process MoE runs them
+        self.grouped = GroupedExperts.stack(local_experts, share=True)
         replicas = placement.replicas()
         width = max(len(r) for r in replicas)
         self.num_copies = torch.tensor([len(r) for r in replicas], dtype=torch.int64)  # [E]
@@ -65,7 +70,7 @@ class ExpertParallelMoE(nn.Module):
         self.forward(torch.empty(0, weight.shape[1], dtype=self._dtype(), device=weight.device))
 
     def _dtype(self) -> torch.dtype:
-        return self.experts[0].down_proj.weight.dtype
+        return self.grouped.down.dtype
 
     def steps(self, x: torch.Tensor) -> Steps:
         """x [T, hidden] -> [T, hidden]; yields after each all-to-all launch."""
@@ -108,17 +113,14 @@ class ExpertParallelMoE(nn.Module):
     def _run_experts(self, received: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """received [R, hidden]: per source rank, its rows grouped by our local slot (counts [n, S])."""
         num_slots = counts.shape[1]
-        slot_of_row = torch.repeat_interleave(torch.arange(num_slots).repeat(counts.shape[0]), counts.flatten())
+        slots = torch.arange(num_slots, device=counts.device).repeat(counts.shape[0])
+        slot_of_row = torch.repeat_interleave(slots, counts.flatten())  # [R]
         by_slot = slot_of_row.argsort(stable=True)
-        per_slot = counts.sum(0)
+        ends = counts.sum(0).cumsum(0).to(torch.int32)  # [S] end of each slot's rows, sorted
         self.computed_tokens += len(received)
+        hidden = silu_and_mul(self.grouped._matmul(received[by_slot], self.grouped.gate_up, ends))
         out = torch.empty_like(received)
-        start = 0
-        for expert, count in zip(self.experts, per_slot.tolist()):
-            if count:
-                rows = by_slot[start : start + count]
-                out[rows] = expert(received[rows])
-            start += count
+        out[by_slot] = self.grouped._matmul(hidden, self.grouped.down, ends)
         return out
 
     def _all_to_all(

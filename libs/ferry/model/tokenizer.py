@@ -39,6 +39,11 @@ class Tokenizer:
         return cls(HFTokenizer.from_file(str(file)), config, template)
 
     @property
+    def backend(self) -> HFTokenizer:
+        """The tokenizers.Tokenizer underneath (DecodeStream steps over it)."""
+        return self._backend
+
+    @property
     def vocab_size(self) -> int:
         return self._backend.get_vocab_size(with_added_tokens=True)
 

@@ -15,6 +15,7 @@ from collections.abc import Generator
 
 import torch
 
+from ferry.engine.device import device_guard
 from ferry.engine.runner import ModelRunner
 from ferry.engine.scheduler import ScheduledBatch
 from ferry.model.attention_meta import AttentionMetadata
@@ -94,7 +95,7 @@ class OverlapRunner(ModelRunner):
         if self.mode == "single":
             return super().run(batch)
         halves = split_batch(batch)
-        with torch.inference_mode():
+        with torch.inference_mode(), device_guard(self.device):
             generators = [forward_steps(self.lm.model, *self._inputs(half), self.kv) for half in halves]
             if self.mode == "overlap":
                 logits = interleave(generators)

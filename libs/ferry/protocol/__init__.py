@@ -33,6 +33,7 @@ from ferry.protocol.messages import (
     SubmitRequest,
     TokenEvent,
     TokenLogprob,
+    TrafficForecast,
 )
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "SubmitRequest",
     "TokenEvent",
     "TokenLogprob",
+    "TrafficForecast",
     "decode",
     "encode",
     "hash_block",

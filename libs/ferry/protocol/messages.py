@@ -263,6 +263,9 @@ class LoadReport:
     """Work messages queued for this worker in JetStream and not pulled yet (its consumer's pending
     count): a worker pulls only what fits its budget, so without this a balancer sees a full
     worker's queue only until the next report and never finds every worker full ('overloaded')."""
+    decodes: bool = False
+    """A prefill worker that also decodes what it prefilled (`FERRY_ROLE=both`): no hand-off leaves
+    it, and the gateway counts it as a decode worker too."""
 
     def __post_init__(self) -> None:
         _require(self.role in ROLES, "role", self.role, f"must be one of {ROLES}")
@@ -274,6 +277,38 @@ class LoadReport:
     @property
     def kv_usage(self) -> float:
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 1.0
+
+
+@message("forecast")
+@dataclass(slots=True)
+class TrafficForecast:
+    """gateway / prefill-balancer -> anyone on `ferry.forecast.<source>`: the arrivals it measured
+    and a short-horizon forecast of them (ferry.slo.forecast), every report interval."""
+
+    source: str
+    """Who measured: '<service>-<instance>' (a subject token)."""
+    timestamp: float
+    interval_s: float
+    """Arrivals are counted per interval of this length."""
+    rate_rps: float
+    """Requests/s now (EWMA of closed intervals)."""
+    forecast_rps: float
+    """The highest rate forecast within horizon_s (Holt-Winters once a season is seen)."""
+    horizon_s: float
+    mean_prompt_tokens: float
+    mean_output_tokens: float
+    """Requested output tokens per request (max_tokens), an EWMA."""
+    num_requests: int = 0
+    """Requests seen since the source started."""
+    is_seasonal: bool = False
+    """True once a whole season (a day) has been seen: forecast_rps follows the day-night shape."""
+
+    def __post_init__(self) -> None:
+        _require(_is_token(self.source), "source", self.source, "must be a subject token")
+        _require(self.interval_s > 0, "interval_s", self.interval_s, "must be > 0")
+        for name in ("rate_rps", "forecast_rps", "horizon_s", "mean_prompt_tokens", "mean_output_tokens"):
+            _require(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
+        _require(self.num_requests >= 0, "num_requests", self.num_requests, "must be >= 0")
 
 
 @message("kv_event")

@@ -20,6 +20,8 @@ LOAD_ALL = "ferry.load.>"
 KV_EVENTS = "ferry.kv.events"
 KV_LOOKUP = "ferry.kv.lookup"
 KV_STATS = "ferry.kv.stats"
+FORECAST_ALL = "ferry.forecast.>"
+"""Every source's TrafficForecast."""
 
 WORK_STREAM = "FERRY_WORK"
 """JetStream stream with work-queue retention over WORK_ALL."""
@@ -68,3 +70,8 @@ def load(role: str, worker_id: str) -> str:
 def load_role(role: str) -> str:
     """Wildcard for every worker's load reports of one role."""
     return f"ferry.load.{_role(role)}.*"
+
+
+def forecast(source: str) -> str:
+    """Where `source` publishes its TrafficForecast."""
+    return f"ferry.forecast.{_token(source, 'source')}"

@@ -1,9 +1,8 @@
-"""How much of the workers' KV transfer time hides behind engine compute.
+"""How much of the workers' KV transfer time hides behind engine compute (the services' side of
+ferry.bench.prefix; ops wires services, the library never imports them).
 
 Runs both balancers, one prefill and one decode worker in this process over real NATS and Redis
-(the integration tests' wiring), records every engine step and every store call (put_blocks on
-the prefill side, get_blocks on the decode side) as wall-clock intervals, and reports per worker:
-transfer time that overlapped one of its own engine steps / all its transfer time.
+(the integration tests' wiring) and reads each worker's timeline (ferry.bench.prefix.timeline).
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ import asyncio
 import random
 import time
 
+from ferry.bench.prefix.timeline import RecordingStore, Timeline, record_steps
 from ferry.bus import connect, ensure_work_stream
 from ferry.kvstore import KvStore, RedisTransport
 from ferry.protocol import GenerateRequest, OutputBatch, SamplingParams, SubmitRequest, decode, encode, subjects
@@ -21,67 +21,6 @@ from ferry_services.prefill_balancer.service import PrefillBalancer
 from ferry_services.prefill_balancer.settings import PrefillBalancerSettings
 from ferry_services.worker.service import build_engine, make_worker
 from ferry_services.worker.settings import WorkerSettings
-
-
-class Timeline:
-    def __init__(self) -> None:
-        self.steps: list[tuple[float, float]] = []
-        self.transfers: list[tuple[float, float]] = []
-
-    def hidden_fraction(self) -> float:
-        total = sum(e - s for s, e in self.transfers)
-        hidden = sum(_covered(s, e, self.steps) for s, e in self.transfers)
-        return hidden / total if total else 0.0
-
-    def summary(self) -> dict:
-        return {
-            "num_steps": len(self.steps),
-            "num_transfers": len(self.transfers),
-            "transfer_s": sum(e - s for s, e in self.transfers),
-            "step_s": sum(e - s for s, e in self.steps),
-            "hidden_fraction": self.hidden_fraction(),
-        }
-
-
-def _covered(start: float, end: float, intervals: list[tuple[float, float]]) -> float:
-    """Length of [start, end] inside the union of `intervals` (steps never overlap each other)."""
-    return sum(max(0.0, min(end, e) - max(start, s)) for s, e in intervals)
-
-
-class RecordingStore:
-    """The worker's KvStore, with put/get calls timed."""
-
-    def __init__(self, store: KvStore, timeline: Timeline) -> None:
-        self.store, self.timeline, self.namespace = store, timeline, store.namespace
-
-    async def _timed(self, coro):
-        start = time.perf_counter()
-        try:
-            return await coro
-        finally:
-            self.timeline.transfers.append((start, time.perf_counter()))
-
-    async def put_blocks(self, hashes, data):
-        return await self._timed(self.store.put_blocks(hashes, data))
-
-    async def get_blocks(self, hashes, *args, **kwargs):
-        return await self._timed(self.store.get_blocks(hashes, *args, **kwargs))
-
-    async def lookup(self, hashes):
-        return await self.store.lookup(hashes)
-
-
-def _record_steps(worker, timeline: Timeline) -> None:
-    step = worker.step
-
-    def timed_step():
-        start = time.perf_counter()
-        try:
-            return step()
-        finally:
-            timeline.steps.append((start, time.perf_counter()))
-
-    worker.step = timed_step
 
 
 async def measure_overlap(
@@ -117,7 +56,7 @@ async def measure_overlap(
         worker = make_worker(
             nc, settings, engine, RecordingStore(KvStore(transport, engine.kv_namespace), timelines[role])
         )
-        _record_steps(worker, timelines[role])
+        record_steps(worker, timelines[role])
         await worker.start()
         await worker.service.start(nc)
         tasks += [asyncio.create_task(c) for c in worker.background()]

@@ -1,0 +1,21 @@
+"""SLO-driven batching: a step-time model learned online, a traffic forecast and the controller
+that turns both into batch caps, prefill chunk budgets and desired replicas. Pure: no NATS, no
+torch; imports only ferry.protocol (the TrafficForecast message)."""
+
+from ferry.slo.controller import ControllerLimits, Plan, SloController, SloTargets, TokenMix
+from ferry.slo.forecast import ForecastConfig, HoltWinters, TrafficForecaster, combine
+from ferry.slo.step_model import StepRecord, StepTimeModel
+
+__all__ = [
+    "ControllerLimits",
+    "ForecastConfig",
+    "HoltWinters",
+    "Plan",
+    "SloController",
+    "SloTargets",
+    "StepRecord",
+    "StepTimeModel",
+    "TokenMix",
+    "TrafficForecaster",
+    "combine",
+]

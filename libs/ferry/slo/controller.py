@@ -1,0 +1,165 @@
+"""SLO controller: the largest batch cap and prefill chunk that keep predicted latency in target.
+
+Inputs: the worker's StepTimeModel, the SLO targets and the traffic's token mix (forecast).
+
+- Decode batch cap: the largest number of running sequences b whose steady-state step is
+  predicted (at the target quantile) within the TPOT target. In steady state every step also
+  admits what finishes: b / mean_output requests per step, each mean_prompt tokens to prefill,
+  and each running sequence holds about mean_prompt + mean_output / 2 tokens of context. Since a
+  request's TPOT is the mean of the steps it lives through, bounding every step bounds it.
+- Chunk budget (this step): with d sequences decoding now, the most prefill tokens one step may
+  add and still keep the step within the TPOT target (at least min_chunk_tokens, so prefill
+  always moves). With nobody decoding only TTFT counts: a step may take half the TTFT target (a
+  request arriving just behind it still has half its budget).
+- Capacity and desired replicas: one replica at its cap serves b / (mean_output * step) requests
+  per second within the TPOT target; the forecast rate over target_utilization times that, rounded
+  up, is how many replicas the role wants. A prefill replica's capacity is its chunk rate over the
+  mean prompt.
+
+Before the step model has seen enough steps the configured fixed limits apply. Pure Python.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ferry.slo.step_model import StepRecord, StepTimeModel
+
+
+@dataclass(slots=True, frozen=True)
+class SloTargets:
+    tpot_ms: float = 50.0
+    """Inter-token latency target (FERRY_TPOT_SLO_MS)."""
+    ttft_ms: float = 1000.0
+    """Time-to-first-token target (FERRY_TTFT_SLO_MS)."""
+    quantile: float = 0.9
+    """The targets hold for this quantile of steps (p90)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tpot_ms", "ttft_ms"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SloTargets.{name}={getattr(self, name)}: must be > 0")
+        if not 0.5 <= self.quantile < 1:
+            raise ValueError(f"SloTargets.quantile={self.quantile}: must be in [0.5, 1)")
+
+
+@dataclass(slots=True, frozen=True)
+class ControllerLimits:
+    """Bounds the controller stays inside, and what applies before the model is ready."""
+
+    min_num_seqs: int = 1
+    max_num_seqs: int = 256
+    min_chunk_tokens: int = 16
+    max_chunk_tokens: int = 2048
+    fixed_num_seqs: int = 64
+    """The cap before the model is ready."""
+    fixed_chunk_tokens: int = 2048
+    target_utilization: float = 0.8
+    """Replicas are sized so the forecast uses this share of their SLO capacity (queueing room)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_num_seqs <= self.max_num_seqs:
+            raise ValueError(f"ControllerLimits.min_num_seqs={self.min_num_seqs}: must be in [1, max_num_seqs]")
+        if not 1 <= self.min_chunk_tokens <= self.max_chunk_tokens:
+            raise ValueError(
+                f"ControllerLimits.min_chunk_tokens={self.min_chunk_tokens}: must be in [1, max_chunk_tokens]"
+            )
+        if not 0 < self.target_utilization <= 1:
+            raise ValueError(f"ControllerLimits.target_utilization={self.target_utilization}: must be in (0, 1]")
+
+
+@dataclass(slots=True, frozen=True)
+class TokenMix:
+    mean_prompt_tokens: float = 128.0
+    mean_output_tokens: float = 128.0
+
+    @property
+    def mean_context_tokens(self) -> float:
+        """Context a running sequence holds on average over its life."""
+        return self.mean_prompt_tokens + self.mean_output_tokens / 2
+
+
+@dataclass(slots=True, frozen=True)
+class Plan:
+    """What the controller chose and why."""
+
+    max_num_seqs: int
+    chunk_tokens: int
+    """Prefill tokens per step in that steady state (prefill role: its chunk budget)."""
+    predicted_step_ms: float
+    """The step at that cap, at the target quantile."""
+    capacity_rps: float
+    """Requests/s one replica serves within the targets."""
+    is_model_ready: bool
+
+
+class SloController:
+    def __init__(self, model: StepTimeModel, targets: SloTargets, limits: ControllerLimits | None = None) -> None:
+        self.model, self.targets = model, targets
+        self.limits = limits or ControllerLimits()
+
+    def _step_ms(self, num_seqs: int, num_prefill_tokens: int, num_context_tokens: float) -> float:
+        record = StepRecord(num_seqs, num_prefill_tokens, max(0, round(num_context_tokens)))
+        return self.model.predict_ms(record, self.targets.quantile)
+
+    # ---- decode ----------------------------------------------------------------------------------
+    def decode_plan(self, mix: TokenMix, prefill_in_steps: bool = True) -> Plan:
+        """The decode batch cap for this mix; prefill_in_steps: the same engine also prefills (role
+        'both'), so each step carries the steady-state share of prefill tokens."""
+        if not self.model.is_ready:
+            return Plan(self.limits.fixed_num_seqs, self.limits.fixed_chunk_tokens, 0.0, 0.0, False)
+        share = mix.mean_prompt_tokens / max(mix.mean_output_tokens, 1.0) if prefill_in_steps else 0.0
+
+        def step(b: int) -> float:
+            return self._step_ms(b, math.ceil(b * share), b * mix.mean_context_tokens)
+
+        cap = _largest(self.limits.min_num_seqs, self.limits.max_num_seqs, lambda b: step(b) <= self.targets.tpot_ms)
+        step_ms = step(cap)
+        capacity_rps = cap / max(mix.mean_output_tokens, 1.0) / (step_ms / 1000.0)
+        return Plan(cap, math.ceil(cap * share), step_ms, capacity_rps, True)
+
+    def chunk_budget(self, num_decodes: int, num_context_tokens: int) -> int:
+        """Prefill tokens the next step may add with num_decodes sequences decoding over
+        num_context_tokens of context."""
+        lim = self.limits
+        if not self.model.is_ready:
+            return lim.fixed_chunk_tokens
+        bound = self.targets.tpot_ms if num_decodes else self.targets.ttft_ms / 2
+        num_seqs = num_decodes + 1
+
+        def fits(tokens: int) -> bool:
+            return self._step_ms(num_seqs, tokens, num_context_tokens) <= bound
+
+        return _largest(lim.min_chunk_tokens, lim.max_chunk_tokens, fits)
+
+    # ---- prefill ---------------------------------------------------------------------------------
+    def prefill_plan(self, mix: TokenMix) -> Plan:
+        """A prefill-only worker: its chunk budget and how many requests/s it prefills within the
+        TTFT target (its sequence cap stays the fixed one: prefill holds KV only briefly)."""
+        chunk = self.chunk_budget(0, 0)
+        if not self.model.is_ready:
+            return Plan(self.limits.fixed_num_seqs, chunk, 0.0, 0.0, False)
+        step_ms = self._step_ms(1, chunk, 0)
+        tokens_per_s = chunk / (step_ms / 1000.0) if step_ms > 0 else 0.0
+        return Plan(self.limits.fixed_num_seqs, chunk, step_ms, tokens_per_s / max(mix.mean_prompt_tokens, 1.0), True)
+
+    # ---- replicas --------------------------------------------------------------------------------
+    def desired_replicas(self, forecast_rps: float, plan: Plan, current: int) -> int:
+        """Replicas of this role the forecast needs within the targets; `current` until the model
+        can say (never 0: a role with no replicas serves nobody)."""
+        if not plan.is_model_ready or plan.capacity_rps <= 0:
+            return max(current, 1)
+        return max(1, math.ceil(forecast_rps / (plan.capacity_rps * self.limits.target_utilization)))
+
+
+def _largest(lo: int, hi: int, fits) -> int:
+    """The largest n in [lo, hi] with fits(n), fits being monotone (true, then false); lo if none."""
+    if fits(hi):
+        return hi
+    if not fits(lo):
+        return lo
+    while hi - lo > 1:  # fits(lo) and not fits(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo

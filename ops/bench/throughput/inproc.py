@@ -1,0 +1,59 @@
+"""The in-process engine on the burst: `LLMEngine` in this process, every request added at t=0,
+stepped until done (detokenizing, as a server does); prints one JSON line of figures.
+
+    python ops/bench/throughput/inproc.py --model DIR --prompts burst.jsonl [--threads N]
+
+Run as its own process by run.py, so its torch threads are its own."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import burst
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--prompts", type=Path, required=True)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    args = p.parse_args()
+    import torch
+
+    from ferry.bench.offline_report import model_flops_per_token
+    from ferry.engine import EngineConfig, LLMEngine
+    from ferry.protocol import SamplingParams
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    requests = burst.read_prompts(args.prompts)
+    engine = LLMEngine.from_model_path(
+        str(args.model), EngineConfig(max_num_seqs=args.max_num_seqs, num_kv_blocks=4096)
+    )
+    warm = SamplingParams(max_tokens=4, temperature=0.0)
+    engine.add_request("warm", requests[0].prompt_token_ids[:16], warm)
+    while engine.has_unfinished_requests():
+        engine.step()
+    start = time.perf_counter()
+    for r in requests:
+        engine.add_request(str(r.index), r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.0))
+    first: dict[str, float] = {}
+    num_out = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            first.setdefault(out.request_id, time.perf_counter() - start)
+            num_out += len(out.new_token_ids)
+    wall = time.perf_counter() - start
+    num_in = sum(len(r.prompt_token_ids) for r in requests)
+    row = burst.figures(wall, num_out, num_in, list(first.values()), model_flops_per_token(engine.lm))
+    row["threads"] = torch.get_num_threads()
+    row["mean_batch_size"] = engine.stats().mean_batch_size
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()

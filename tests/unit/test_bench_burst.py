@@ -1,0 +1,78 @@
+"""Issue #22's burst workload (`ferry bench --workload burst`) and ops/bench/throughput's pure parts."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from ferry.bench import cli
+from ferry.bench.workload import BURST, named_workload
+
+pytestmark = pytest.mark.unit
+
+_DIR = Path(__file__).resolve().parents[2] / "ops" / "bench" / "throughput"
+sys.path.insert(0, str(_DIR))
+burst = importlib.import_module("burst")
+report = importlib.import_module("report")
+hf_static = importlib.import_module("hf_static")
+sys.path.remove(str(_DIR))
+
+
+def test_burst_preset_shapes_the_workload_and_options_override_it():
+    requests = burst.burst_requests(vocab_size=2048)
+    lengths = [len(r.prompt_token_ids) for r in requests]
+    assert len(requests) == BURST["num_requests"] == 48
+    assert min(lengths) >= 16 and max(lengths) <= 600
+    assert {r.max_tokens for r in requests} <= {16, 32, 64, 128, 256}
+    assert named_workload("burst", num_requests=5).num_requests == 5
+    with pytest.raises(ValueError, match="workload 'nope'"):
+        named_workload("nope")
+
+
+def test_bench_cli_burst_sends_no_ignore_eos(monkeypatch):
+    seen = {}
+
+    def fake_run_url(args, workload, out, show_progress=True):
+        seen.update(length_control=args.length_control, workload=workload)
+        return 0
+
+    monkeypatch.setattr("ferry.bench.online.run_url", fake_run_url)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.run(parser.parse_args(["--url", "http://x", "--workload", "burst", "--out", "/tmp/x"])) == 0
+    assert seen["length_control"] == "none" and seen["workload"].max_prompt_len == 600
+    assert cli.run(parser.parse_args(["--url", "http://x", "--num-requests", "3", "--out", "/tmp/x"])) == 0
+    assert seen["length_control"] == "extra" and seen["workload"].num_requests == 3
+
+
+def test_prompts_file_round_trip(tmp_path):
+    requests = burst.burst_requests(vocab_size=512, num_requests=3)
+    back = burst.read_prompts(burst.write_prompts(requests, tmp_path / "p.jsonl"))
+    assert [(r.prompt_token_ids, r.max_tokens) for r in back] == [(r.prompt_token_ids, r.max_tokens) for r in requests]
+
+
+def test_static_generate_counts_only_what_each_request_asked_for():
+    assert hf_static._useful([5, 6, 7, 8], max_tokens=3, eos_ids={99}) == 3
+    assert hf_static._useful([5, 99, 7, 8], max_tokens=4, eos_ids={99}) == 2  # through its first EOS
+    assert hf_static._useful([5, 6], max_tokens=4, eos_ids=set()) == 2
+
+
+def _system(tok_s: float, ttft_p50_ms: float | None = None, gflops: float = 10.0) -> dict:
+    return {"output_tokens_per_s": tok_s, "ttft_ms": {"p50": ttft_p50_ms}, "model_gflops": gflops}
+
+
+def test_targets_need_equal_or_lower_ttft_against_transformers_serve():
+    meta = {"machine_matmul_gflops": 20.0}
+    systems = {"ferry-up": _system(400, 900), "hf-serve": _system(90, 800), "engine": _system(420, 700, 13)}
+    rows = {(r["numerator"], r["denominator"]): r for r in report.targets(meta, systems)}
+    assert rows["ferry-up", "hf-serve"]["value"] == pytest.approx(400 / 90)
+    assert rows["ferry-up", "hf-serve"]["met"] is False  # 4.4x, but at a higher TTFT p50
+    assert rows["ferry-up", "engine"]["met"] is True
+    assert rows["engine", "matmul"]["value"] == pytest.approx(0.65) and rows["engine", "matmul"]["met"]
+    assert rows["ferry-generate", "hf-static"]["met"] is None  # not measured
+    systems["ferry-up"]["ttft_ms"]["p50"] = 700
+    assert {(r["numerator"], r["denominator"]): r for r in report.targets(meta, systems)}["ferry-up", "hf-serve"]["met"]

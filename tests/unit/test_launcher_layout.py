@@ -1,0 +1,72 @@
+"""`ferry up --layout`: which workers it starts and how many torch threads each gets (pure planning)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from ferry.launcher.up import add_arguments, plan_services, resolve_layout
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True)
+def no_omp_env(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def workers(args: argparse.Namespace) -> list[tuple[str, str]]:
+    specs = plan_services(args, "/m", "nats://n", "redis://r")
+    return [(s.env["FERRY_ROLE"], s.env["OMP_NUM_THREADS"]) for s in specs if s.kind == "worker"]
+
+
+def test_auto_runs_one_worker_of_both_roles_with_every_core_on_a_small_machine():
+    args = parse()
+    resolve_layout(args, num_cores=2)
+    assert args.layout == "both" and workers(args) == [("both", "2")]
+
+
+def test_auto_splits_on_a_big_machine_or_when_worker_counts_are_given():
+    args = parse()
+    resolve_layout(args, num_cores=16)
+    assert args.layout == "split" and workers(args) == [("prefill", "8"), ("decode", "8")]
+    args = parse("--prefill-workers", "2", "--decode-workers", "1")
+    resolve_layout(args, num_cores=2)
+    assert workers(args) == [("prefill", "1"), ("prefill", "1"), ("decode", "1")]  # never below one thread
+
+
+def test_threads_and_layout_asked_for_are_kept():
+    args = parse("--layout", "both", "--workers", "2", "--torch-threads", "3")
+    resolve_layout(args, num_cores=2)
+    assert workers(args) == [("both", "3"), ("both", "3")]
+    args = parse("--layout", "split")
+    resolve_layout(args, num_cores=2)
+    assert workers(args) == [("prefill", "1"), ("decode", "1")]
+
+
+def test_omp_num_threads_of_the_caller_is_kept(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    args = parse()
+    resolve_layout(args, num_cores=2)
+    assert workers(args) == [("both", "1")]
+
+
+def test_services_without_a_model_run_one_thread():
+    args = parse("--layout", "split")
+    resolve_layout(args, num_cores=8)
+    specs = plan_services(args, "/m", "nats://n", "redis://r")
+    assert {s.env["OMP_NUM_THREADS"] for s in specs if s.kind != "worker"} == {"1"}
+
+
+def test_worker_counts_of_the_other_layout_are_refused():
+    with pytest.raises(SystemExit, match="--layout split"):
+        resolve_layout(parse("--layout", "both", "--decode-workers", "2"), num_cores=2)
+    with pytest.raises(SystemExit, match=">= 1"):
+        resolve_layout(parse("--layout", "both", "--workers", "0"), num_cores=2)
