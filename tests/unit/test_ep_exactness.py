@@ -7,6 +7,10 @@ spawned processes on gloo."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 
 from ferry.engine.config import EngineConfig
@@ -14,7 +18,7 @@ from ferry.engine.generate_cli import generate
 from ferry.engine.llm_engine import LLMEngine
 from ferry.model.make_model import make_model
 from ferry.parallel.eplb import EplbConfig
-from ferry.parallel.group_generate import generate_on_group
+from ferry.parallel.group_generate import GroupFailed, generate_on_group, start_group
 from ferry.parallel.placement import ExpertPlacement
 from ferry.protocol import SamplingParams
 
@@ -56,3 +60,14 @@ def test_eplb_re_placing_experts_between_steps_changes_no_token(checkpoint, refe
     assert [r["token_ids"] for r in run.results] == reference
     assert all(r.num_rebalances >= 3 for r in run.ranks)
     assert sum(r.num_experts_loaded for r in run.ranks) > 0  # experts really moved between ranks
+
+
+def test_a_killed_rank_fails_the_whole_group_and_nothing_hangs(checkpoint):
+    long = SamplingParams(max_tokens=2000, temperature=0.0, ignore_eos=True)
+    config = EngineConfig(num_kv_blocks=2048, block_size=4, max_num_seqs=4)
+    handle = start_group(checkpoint, PROMPTS[:4], long, config, 2)
+    time.sleep(6)  # loading or generating: either way the group must fail, not wait for the dead rank
+    os.kill(handle.pids[1], signal.SIGKILL)
+    with pytest.raises(GroupFailed, match="rank 1 failed: process 1 terminated with signal SIGKILL"):
+        handle.result(timeout_s=60)
+    assert not any(p.is_alive() for p in handle.context.processes)

@@ -4,11 +4,13 @@ every result in prompt order and each rank's load."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
 
 from ferry.engine.config import EngineConfig
 from ferry.parallel.eplb import EplbConfig
@@ -45,7 +47,47 @@ class GroupRun:
     ranks: list[RankLoad]
 
 
-def generate_on_group(
+class GroupFailed(RuntimeError):
+    """A rank of the group died or the group ran past its time: every rank has been stopped."""
+
+
+class GroupHandle:
+    """A started group: its ranks' pids, and its result once rank 0 has gathered it."""
+
+    def __init__(self, context: mp.ProcessContext, results) -> None:
+        self.context, self.results = context, results
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.context.processes]
+
+    def result(self, timeout_s: float | None = None) -> GroupRun:
+        """Waits for the group. A rank that dies (any signal, any exception) stops every other rank
+        and raises GroupFailed naming it; so does running past timeout_s. Nothing is left running."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        run = None
+        while True:
+            if run is None and not self.results.empty():  # read as it comes: a big result fills the pipe
+                run = self.results.get()
+            try:
+                if self.context.join(timeout=0.2):
+                    break
+            except ProcessException as exc:  # join() has already stopped the other ranks
+                raise GroupFailed(f"rank {exc.error_index} failed: {exc}") from None
+            if deadline is not None and time.monotonic() > deadline:
+                self._stop()
+                raise GroupFailed(f"the group ran past {timeout_s} s; every rank was stopped")
+        return run if run is not None else self.results.get()
+
+    def _stop(self) -> None:
+        for process in self.context.processes:
+            if process.is_alive():
+                process.kill()
+        for process in self.context.processes:
+            process.join()
+
+
+def start_group(
     model: str | Path,
     prompts: list,
     sampling,
@@ -54,16 +96,20 @@ def generate_on_group(
     placement: ExpertPlacement | None = None,
     eplb: EplbConfig | None = None,
     mode: str = "single",
-) -> GroupRun:
-    """Runs every prompt on an ep_size-rank group. placement: which rank holds which experts
+) -> GroupHandle:
+    """Starts ep_size rank processes that run every prompt. placement: which rank holds which experts
     (default contiguous, no copies); eplb: re-place experts as the load shows; mode: one batch per
     step or two micro-batches (overlap.MODES)."""
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     address = GroupAddress.free_local()
     args = (ep_size, address, str(model), prompts, sampling, config, placement, eplb, mode, results)
-    mp.spawn(_rank_main, args=args, nprocs=ep_size)
-    return results.get()
+    return GroupHandle(mp.start_processes(_rank_main, args=args, nprocs=ep_size, join=False), results)
+
+
+def generate_on_group(*args, timeout_s: float | None = None, **kwargs) -> GroupRun:
+    """start_group(...).result(timeout_s): the group's results and per-rank load."""
+    return start_group(*args, **kwargs).result(timeout_s)
 
 
 def _rank_main(rank, ep_size, address, model, prompts, sampling, config, placement, eplb, mode, results) -> None:
