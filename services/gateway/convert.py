@@ -23,6 +23,10 @@ class ModelLimits:
     """Prompt + generated tokens may not exceed this."""
     vocab_size: int
     """Token ids in a prompt must be below this (0 = unchecked)."""
+    arch: str = ""
+    """For /v1/models: the architecture (llama, qwen2, ...)."""
+    checkpoint_dtype: str = ""
+    """For /v1/models: what the checkpoint stores its weights in (Q4_1, bfloat16, ...)."""
 
     def __post_init__(self) -> None:
         if not self.name:

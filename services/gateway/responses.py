@@ -22,12 +22,14 @@ class Output:
     num_prompt_tokens: int
     text: str = ""
     num_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
 
     def add(self, event: TokenEvent) -> None:
         self.text += event.text
         self.num_tokens += len(event.token_ids)
+        self.token_ids.extend(event.token_ids)
         self.logprobs.extend(event.logprobs or ())
         self.finish_reason = event.finish_reason or self.finish_reason
         if event.num_prompt_tokens:
@@ -48,6 +50,8 @@ class Envelope:
     id: str
     model: str
     is_chat: bool
+    return_token_ids: bool = False
+    """Choices carry `token_ids` too (the request's vLLM-style `return_token_ids`)."""
     created: int = field(default_factory=lambda: int(time.time()))
 
     def wrap(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
@@ -106,6 +110,8 @@ def full_body(env: Envelope, out: Output, tokenizer: Tokenizer, want_logprobs: b
         choice["message"] = {"role": "assistant", "content": out.text}
     else:
         choice["text"] = out.text
+    if env.return_token_ids:
+        choice["token_ids"] = list(out.token_ids)
     return {**env.wrap([choice], chunk=False), "usage": out.usage()}
 
 
@@ -122,6 +128,8 @@ def delta_chunk(
         choice["delta"] = {"content": event.text} if event.text or not event.finish_reason else {}
     else:
         choice["text"] = event.text
+    if env.return_token_ids:
+        choice["token_ids"] = list(event.token_ids)
     return _with_usage_slot(env.wrap([choice], chunk=True), include_usage)
 
 

@@ -38,6 +38,9 @@ class CommonFields(BaseModel):
     min_tokens: int = Field(default=0, ge=0)
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
+    return_token_ids: bool = Field(
+        default=False, description="each choice (and stream chunk) also carries its output token ids (vLLM's)"
+    )
 
     @field_validator("stop")
     @classmethod

@@ -13,19 +13,27 @@ import signal
 import uvicorn
 
 from ferry.metrics import start_metrics_server
+from ferry.slo import ForecastConfig
 from ferry_services.gateway.app import create_app
 from ferry_services.gateway.auth import ApiKeys, exposure_problem, is_loopback
 from ferry_services.gateway.bus import GatewayBus
 from ferry_services.gateway.convert import ModelLimits
 from ferry_services.gateway.settings import GatewaySettings
 from ferry_services.gateway.tokenizer import ModelInfo, load_model_info
+from ferry_services.gateway.traffic import GatewayTraffic
 
 log = logging.getLogger("ferry.gateway")
 
 
 def model_limits(settings: GatewaySettings, info: ModelInfo) -> ModelLimits:
     max_len = min(settings.max_context_len or info.max_context_len, info.max_context_len)
-    return ModelLimits(name=settings.model_name, max_context_len=max_len, vocab_size=info.vocab_size)
+    return ModelLimits(
+        name=settings.model_name,
+        max_context_len=max_len,
+        vocab_size=info.vocab_size,
+        arch=info.arch,
+        checkpoint_dtype=info.checkpoint_dtype,
+    )
 
 
 class _HttpServer(uvicorn.Server):
@@ -44,8 +52,17 @@ async def serve(settings: GatewaySettings) -> int:
         raise SystemExit(problem)
     if settings.allow_open and not is_loopback(settings.http_host):
         log.warning("FERRY_ALLOW_OPEN=1: serving WITHOUT API keys on %s", settings.http_host)
-    info = load_model_info(settings.model)
-    bus = GatewayBus(settings.gateway_id, settings.submit_timeout_s)
+    try:
+        info = load_model_info(settings.model)
+    except (FileNotFoundError, ValueError) as exc:  # a bad checkpoint: one clear line, no traceback
+        raise SystemExit(f"gateway: FERRY_MODEL {settings.model}: {exc}") from None
+    forecast = ForecastConfig(
+        interval_s=settings.forecast_interval_s, season_intervals=settings.forecast_season_intervals
+    )
+    traffic = GatewayTraffic(
+        settings.gateway_id, settings.ttft_slo_ms, settings.tpot_slo_ms, forecast, settings.forecast_publish_s
+    )
+    bus = GatewayBus(settings.gateway_id, settings.submit_timeout_s, traffic)
     await bus.start(settings.nats_url)
     app = create_app(settings, info.tokenizer, model_limits(settings, info), bus)
     start_metrics_server(settings.metrics_port)

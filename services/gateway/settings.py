@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field
 
+from ferry.model.source import served_name
 from ferry.settings import ServiceSettings, default_instance_id
 
 
 class GatewaySettings(ServiceSettings):
-    model: str = Field(min_length=1, description="checkpoint folder; only config.json + tokenizer files are read")
+    model: str = Field(
+        min_length=1, description="checkpoint folder, .gguf file or smollm2; only config and tokenizer are read"
+    )
     served_model_name: str = Field(default="", description="model name clients use; default: folder name")
     gateway_id: str = Field(
         default_factory=default_instance_id,
@@ -37,8 +38,13 @@ class GatewaySettings(ServiceSettings):
     api_key_file: str = Field(default="", description="file with one accepted key per line (adds to api_keys)")
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1, description="larger request bodies get 413")
     max_attempts: int = Field(default=3, ge=1, description="tries per request, migrations included")
+    tpot_slo_ms: float = Field(default=0.0, ge=0, description="TPOT target of ferry_slo_requests; 0 = not counted")
+    ttft_slo_ms: float = Field(default=2000.0, gt=0, description="TTFT target of ferry_slo_requests_total")
+    forecast_interval_s: float = Field(default=60.0, gt=0, description="arrivals are counted per interval of this")
+    forecast_season_intervals: int = Field(default=1440, ge=1, description="intervals in one day (Holt-Winters)")
+    forecast_publish_s: float = Field(default=5.0, gt=0, description="seconds between published forecasts")
 
     @property
     def model_name(self) -> str:
         """The name clients send in `model`."""
-        return self.served_model_name or Path(self.model).name or "ferry"
+        return self.served_model_name or served_name(self.model) or "ferry"

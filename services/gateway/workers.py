@@ -37,6 +37,16 @@ class LiveWorkers:
             and now - seen <= MISSED_REPORTS * report.interval_s
         )
 
+    def weights_dtypes(self, now: float) -> list[str]:
+        """The weights dtypes live workers report (one, unless workers of different weights serve)."""
+        return sorted(
+            {
+                report.weights_dtype
+                for report, seen in self._reports.values()
+                if report.weights_dtype and now - seen <= MISSED_REPORTS * report.interval_s
+            }
+        )
+
     def silent_for(self, worker_id: str, now: float) -> float | None:
         """How many report intervals past its deadline `worker_id` is (> 0: lost; a draining worker
         that still reports is not); None if never heard of (or long forgotten). While no worker at

@@ -2,7 +2,8 @@
 
 Reads `ferry.kv.lookup` (KvLookup -> KvLookupReply: leading blocks of a chain stored in Redis) and
 `ferry.kv.stats` (KvStatsRequest -> KvStats); writes `ferry.kv.events` (KvEvent, where='store'),
-batched per namespace, from Redis keyspace notifications (counted as the `key_events` input).
+batched per namespace, from Redis keyspace notifications (counted as the `key_events` input), and
+everything it holds again on `ferry.kv.resync` (a prefill-balancer rebuilding its index).
 Registers as NATS micro `kvcache`, whose metadata says `degraded: true|false`. Block bytes never
 pass through here: workers talk to Redis through `ferry.kvstore` directly.
 
@@ -30,7 +31,7 @@ from ferry.kvstore import KvStoreError, KvStoreUnavailable, RedisTransport, bloc
 from ferry.kvstore.index import BlockIndex
 from ferry.kvstore.keys import parse_block_key
 from ferry.metrics import start_metrics_server
-from ferry.protocol import KvEvent, KvLookup, KvLookupReply, KvStats, KvStatsRequest, encode, subjects
+from ferry.protocol import KvEvent, KvLookup, KvLookupReply, KvResync, KvStats, KvStatsRequest, encode, subjects
 from ferry_services.kvcache import redis_admin
 from ferry_services.kvcache.settings import KvCacheSettings
 
@@ -199,15 +200,21 @@ class KvCache:
                     self.index.stored(*parse_block_key(key), size)
         await self._publish_changes()
 
-    async def _publish_changes(self) -> None:
+    async def republish(self, request: KvResync) -> None:
+        """A prefill-balancer (re)started: everything the store holds, as 'stored' events."""
+        log.info("republishing the store's blocks for %s", request.requester or "a balancer")
+        await self._publish_changes(self.index.contents())
+
+    async def _publish_changes(self, changes: list | None = None) -> None:
         now = time.time()
-        for change in self.index.drain_changes():
+        for change in self.index.drain_changes() if changes is None else changes:
             event = KvEvent(
                 kind=change.kind,
                 kv_namespace=change.namespace,
                 where="store",
                 block_hashes=change.block_hashes,
                 timestamp=now,
+                tier="remote",
             )
             try:
                 await self._publish(event)
@@ -248,6 +255,7 @@ def build(settings: KvCacheSettings, nc: Client) -> tuple[Service, KvCache]:
     cache.on_health_change = on_health_change
     svc.endpoint(subjects.KV_LOOKUP, KvLookup, cache.lookup, name="lookup")
     svc.endpoint(subjects.KV_STATS, KvStatsRequest, cache.stats, name="stats")
+    svc.subscribe(subjects.KV_RESYNC, KvResync, cache.republish, name="resync")
     return svc, cache
 
 

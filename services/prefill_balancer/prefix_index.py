@@ -1,6 +1,8 @@
-"""Which prompt-prefix blocks each prefill worker's pool and the shared store hold. Pure: no I/O.
+"""Which prompt-prefix blocks each prefill worker's pool and host tier and the shared store hold.
+Pure: no I/O.
 
-Fed by `KvEvent`s on `ferry.kv.events` (a worker's pool: where=<worker id>; Redis: where='store')
+Fed by `KvEvent`s on `ferry.kv.events` (a worker's pool: where=<worker id>, tier 'device'; the
+blocks it evicted into host memory: tier 'host'; Redis: where='store', tier 'remote')
 and by the balancer's own routing (a worker that was just sent a prompt will hold its blocks
 soon: marking them at once spreads a burst of same-prefix requests instead of piling it on the
 one worker that happened to report first). Bounded: each location keeps its most recently
@@ -23,32 +25,41 @@ class PrefixIndexConfig:
     likeliest to have been evicted there anyway)."""
     max_locations: int = 256
     """Worker pools (+ the store) tracked; the least recently updated is dropped past this."""
-    store_weight: float = 0.5
-    """A block in the store counts this much of a block in a worker's own pool: it still has to
-    travel from Redis, while a pool hit costs nothing."""
+    device_weight: float = 1.0
+    """Credit of a block in the worker's own pool: a hit costs nothing."""
+    host_weight: float = 0.75
+    """... in the worker's host memory: a copy into the pool, no network."""
+    remote_weight: float = 0.25
+    """... in the store only: it still travels from Redis, and only when the prompt reaches the worker."""
 
     def __post_init__(self) -> None:
         if self.max_blocks_per_location < 1:
             raise ValueError(f"max_blocks_per_location={self.max_blocks_per_location!r} must be >= 1")
         if self.max_locations < 2:
             raise ValueError(f"max_locations={self.max_locations!r} must be >= 2")
-        if not 0 <= self.store_weight <= 1:
-            raise ValueError(f"store_weight={self.store_weight!r} must be in [0, 1]")
+        for name in ("device_weight", "host_weight", "remote_weight"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be in [0, 1]")
+
+    def weight(self, tier: str) -> float:
+        return getattr(self, f"{tier}_weight")
 
 
 class PrefixIndex:
-    """(namespace, where) -> block hashes held there, in least-recently-touched order."""
+    """(namespace, where, tier) -> block hashes held there, in least-recently-touched order."""
 
     def __init__(self, config: PrefixIndexConfig | None = None) -> None:
         self.config = config or PrefixIndexConfig()
-        self._held: OrderedDict[tuple[str, str], OrderedDict[bytes, None]] = OrderedDict()
+        self._held: OrderedDict[tuple[str, str, str], OrderedDict[bytes, None]] = OrderedDict()
 
-    def num_blocks(self, namespace: str, where: str) -> int:
-        return len(self._held.get((namespace, where), ()))
+    def num_blocks(self, namespace: str, where: str, tier: str | None = None) -> int:
+        return len(self._held.get((namespace, where, tier or _tier_of(where)), ()))
 
-    def apply(self, kind: str, namespace: str, where: str, block_hashes: Iterable[bytes] = ()) -> None:
-        """One event: kind 'stored', 'removed' or 'cleared'."""
-        key = (namespace, where)
+    def apply(
+        self, kind: str, namespace: str, where: str, block_hashes: Iterable[bytes] = (), tier: str = "device"
+    ) -> None:
+        """One event: kind 'stored', 'removed' or 'cleared'; the store's blocks are always 'remote'."""
+        key = (namespace, where, _tier_of(where, tier))
         if kind == "cleared":
             self._held.pop(key, None)
         elif kind == "removed":
@@ -65,9 +76,10 @@ class PrefixIndex:
         for key in [k for k in self._held if k[1] == where]:
             del self._held[key]
 
-    def leading(self, namespace: str, where: str, block_hashes: Sequence[bytes]) -> int:
-        """How many leading blocks of the chain are held there."""
-        held = self._held.get((namespace, where))
+    def leading(self, namespace: str, where: str, block_hashes: Sequence[bytes], tier: str | None = None) -> int:
+        """How many leading blocks of the chain are held there (in that tier: default device, or remote
+        for the store)."""
+        held = self._held.get((namespace, where, tier or _tier_of(where)))
         if not held:
             return 0
         for i, block_hash in enumerate(block_hashes):
@@ -78,17 +90,45 @@ class PrefixIndex:
     def cached_tokens(
         self, namespace_of: Mapping[str, str], block_hashes: Sequence[bytes], block_size: int
     ) -> dict[str, int]:
-        """Per worker id: prompt tokens it would not compute, pool blocks at full weight and the
-        store's further blocks at `store_weight`."""
+        """Per worker id: prompt tokens it would not compute, each leading block credited by the
+        fastest tier that holds it for that worker (its pool, its host memory, the store)."""
         result = {}
         for worker_id, namespace in namespace_of.items():
-            local = self.leading(namespace, worker_id, block_hashes)
-            stored = self.leading(namespace, STORE, block_hashes)
-            blocks = local + self.config.store_weight * max(0, stored - local)
-            result[worker_id] = int(blocks * block_size)
+            result[worker_id] = int(sum(self.tier_credits(namespace, worker_id, block_hashes)) * block_size)
         return result
 
-    def _store(self, key: tuple[str, str], block_hashes: Iterable[bytes]) -> None:
+    def tier_credits(self, namespace: str, worker_id: str, block_hashes: Sequence[bytes]) -> list[float]:
+        """The credit of each leading block the worker could have without computing it."""
+        config = self.config
+        places = [
+            (config.device_weight, self._held.get((namespace, worker_id, "device"))),
+            (config.host_weight, self._held.get((namespace, worker_id, "host"))),
+            (config.remote_weight, self._held.get((namespace, STORE, "remote"))),
+        ]
+        places = [(weight, held) for weight, held in places if held]
+        credits = []
+        for block_hash in block_hashes:
+            best = max((weight for weight, held in places if block_hash in held), default=None)
+            if best is None:
+                break
+            credits.append(best)
+        return credits
+
+    def only_in_store(self, namespace: str, worker_id: str, block_hashes: Sequence[bytes]) -> list[bytes]:
+        """The prompt's leading blocks (as far as any tier holds them for this worker) that only the
+        store holds: what a prefetch would bring into the worker."""
+        local = [self._held.get((namespace, worker_id, tier)) or {} for tier in ("device", "host")]
+        stored = self._held.get((namespace, STORE, "remote")) or {}
+        missing = []
+        for block_hash in block_hashes:
+            if any(block_hash in held for held in local):
+                continue
+            if block_hash not in stored:
+                break
+            missing.append(block_hash)
+        return missing
+
+    def _store(self, key: tuple[str, str, str], block_hashes: Iterable[bytes]) -> None:
         held = self._held.get(key)
         if held is None:
             held = self._held[key] = OrderedDict()
@@ -100,3 +140,7 @@ class PrefixIndex:
             held.move_to_end(block_hash)
         while len(held) > self.config.max_blocks_per_location:
             held.popitem(last=False)
+
+
+def _tier_of(where: str, tier: str = "device") -> str:
+    return "remote" if where == STORE else tier

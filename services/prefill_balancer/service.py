@@ -2,8 +2,11 @@
 
 Reads `ferry.submit` (request/reply, queue group `prefill-balancer`: replicas share the load),
 `ferry.load.prefill.*` and `ferry.kv.events`; writes `ferry.work.prefill.<worker>` (JetStream
-FERRY_WORK). Replies `SubmitReply`: accepted with the worker id, or rejected with 'overloaded'
-(+ retry_after_s) or 'no_workers'. Queued work of a prefill worker that falls silent is moved to
+FERRY_WORK) and, just before, `ferry.kv.prefetch.<worker>` (`KvPrefetch` of the prompt's blocks only
+the store holds, FERRY_KV_PREFETCH). On start it asks (`ferry.kv.resync`) the prefill workers and the
+kvcache service to republish what they hold, so a restarted replica rebuilds its index at once.
+Replies `SubmitReply`: accepted with the worker id, or rejected with 'overloaded' (+ retry_after_s)
+or 'no_workers'. Queued work of a prefill worker that falls silent is moved to
 live workers. Every input is counted in `nats micro stats prefill-balancer`: `submit`, `load`,
 `kv_events`, `reroute`. The policy is policy.py and prefix_index.py; the rest is `ferry.balancing`.
 """
@@ -17,14 +20,24 @@ from nats.aio.client import Client
 
 from ferry.balancing.balancer import Balancer, serve_balancer
 from ferry.bus import trace
-from ferry.protocol import KvEvent, PrefillWork, SubmitReply, SubmitRequest, hash_full_blocks, subjects
+from ferry.protocol import (
+    KvEvent,
+    KvPrefetch,
+    KvResync,
+    PrefillWork,
+    SubmitReply,
+    SubmitRequest,
+    encode,
+    hash_full_blocks,
+    subjects,
+)
 from ferry_services.prefill_balancer.policy import (
     PrefillChoice,
     PrefillPolicyConfig,
     choose_prefill_worker,
     next_mean_prompt_tokens,
 )
-from ferry_services.prefill_balancer.prefix_index import PrefixIndex
+from ferry_services.prefill_balancer.prefix_index import PrefixIndex, PrefixIndexConfig
 from ferry_services.prefill_balancer.settings import PrefillBalancerSettings
 
 log = logging.getLogger(__name__)
@@ -38,21 +51,35 @@ class PrefillBalancer(Balancer[PrefillWork]):
 
     def __init__(self, nc: Client, settings: PrefillBalancerSettings) -> None:
         super().__init__(nc, settings)
+        self.settings = settings
         self.config = PrefillPolicyConfig(
             max_queued_tokens=settings.max_queued_tokens,
             attention_weight=settings.attention_weight,
             retry_after_s=settings.retry_after_s,
         )
         self.mean_prompt_tokens = 0.0
-        self.prefixes = PrefixIndex()
+        self.num_prefetches = 0
+        self.prefixes = PrefixIndex(
+            PrefixIndexConfig(
+                device_weight=settings.device_tier_weight,
+                host_weight=settings.host_tier_weight,
+                remote_weight=settings.remote_tier_weight,
+            )
+        )
         self.service.endpoint(subjects.SUBMIT, SubmitRequest, self.submit, queue=subjects.SUBMIT_QUEUE, name="submit")
         self.service.subscribe(subjects.KV_EVENTS, KvEvent, self.on_kv_event, name="kv_events")
 
+    async def on_serving(self) -> None:
+        """Ask every prefill worker and the kvcache service to republish what they hold: a
+        (re)started replica's index is rebuilt from them, not only from whatever events come next."""
+        await self.nc.publish(subjects.KV_RESYNC, encode(KvResync(requester=self.service.id)))
+
     async def on_kv_event(self, event: KvEvent) -> None:
         """A pool's or the store's blocks changed (bad events are counted and logged by the service)."""
-        self.prefixes.apply(event.kind, event.kv_namespace, event.where, event.block_hashes)
+        self.prefixes.apply(event.kind, event.kv_namespace, event.where, event.block_hashes, event.tier)
 
-    def choose(self, token_ids: list[int], model: str) -> PrefillChoice:
+    def choose(self, token_ids: list[int], model: str) -> tuple[PrefillChoice, KvPrefetch | None]:
+        """Where the prompt goes, and what to prefetch there (blocks only the store holds)."""
         states = self.runtime.view.routable(time.monotonic(), model)
         block_size = states[0].report.block_size if states else 1  # one block size per deployment
         hashes = hash_full_blocks(token_ids, block_size)[: (len(token_ids) - 1) // block_size] if states else []
@@ -60,12 +87,25 @@ class PrefillBalancer(Balancer[PrefillWork]):
         choice = choose_prefill_worker(
             states, len(token_ids), self.config, cached, mean_prompt_tokens=self.mean_prompt_tokens
         )
+        prefetch = None
         if choice.worker_id is not None:
             self.runtime.view.note_routed(choice.worker_id, tokens=choice.cost.tokens, attention=choice.cost.attention)
-            chosen = next(s for s in states if s.worker_id == choice.worker_id)
+            namespace = next(s for s in states if s.worker_id == choice.worker_id).report.kv_namespace
+            if self.settings.kv_prefetch:
+                missing = self.prefixes.only_in_store(namespace, choice.worker_id, hashes)
+                if missing:  # request_id is filled in by the caller
+                    prefetch = KvPrefetch("", namespace, missing[: self.settings.max_prefetch_blocks])
             # it will hold these blocks in a moment: the next same-prefix request sees them there
-            self.prefixes.apply("stored", chosen.report.kv_namespace, chosen.worker_id, hashes)
-        return choice
+            self.prefixes.apply("stored", namespace, choice.worker_id, hashes)
+        return choice, prefetch
+
+    async def send_prefetch(self, worker_id: str, request_id: str, prefetch: KvPrefetch | None) -> None:
+        """Ahead of the work itself: the worker starts fetching while the request is still queued."""
+        if prefetch is None:
+            return
+        prefetch.request_id = request_id
+        self.num_prefetches += 1
+        await self.nc.publish(subjects.kv_prefetch(worker_id), encode(prefetch))
 
     def cached_blocks_hint(self, choice: PrefillChoice) -> int:
         """Rounded up, so that 0 means "no block of this prompt known in the worker's pool or the
@@ -76,7 +116,7 @@ class PrefillBalancer(Balancer[PrefillWork]):
     async def submit(self, submit: SubmitRequest) -> SubmitReply:
         request = submit.request
         trace.hop(request.request_id, "pb.submit")
-        choice = self.choose(request.all_token_ids, request.model)
+        choice, prefetch = self.choose(request.all_token_ids, request.model)
         if choice.worker_id is None:
             return SubmitReply(request.request_id, False, reason=choice.reason, retry_after_s=choice.retry_after_s)
         self.mean_prompt_tokens = next_mean_prompt_tokens(
@@ -84,14 +124,16 @@ class PrefillBalancer(Balancer[PrefillWork]):
         )
         work = PrefillWork(request, routed_at=time.time(), num_cached_blocks_hint=self.cached_blocks_hint(choice))
         trace.hop(request.request_id, "pb.routed")
+        await self.send_prefetch(choice.worker_id, request.request_id, prefetch)
         await self.runtime.publish_work(choice.worker_id, work)
         return SubmitReply(request.request_id, True, worker_id=choice.worker_id)
 
     async def reroute(self, work: PrefillWork) -> bool:
         """Move one message of a silent worker's queue to a live worker."""
-        choice = self.choose(work.request.all_token_ids, work.request.model)
+        choice, prefetch = self.choose(work.request.all_token_ids, work.request.model)
         if choice.worker_id is None:
             return False
+        await self.send_prefetch(choice.worker_id, work.request.request_id, prefetch)
         work.routed_at = time.time()
         work.num_cached_blocks_hint = self.cached_blocks_hint(choice)
         await self.runtime.publish_work(choice.worker_id, work)

@@ -24,13 +24,14 @@ class BothWorker(PrefillWorker):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.pool_changes: deque[tuple[list[bytes], list[bytes]]] = deque()
-        """(stored, removed) block hashes per step, appended on the engine thread (deque: thread-safe)."""
+        self.pool_changes: deque[tuple[tuple[list[bytes], list[bytes]], ...]] = deque()
+        """The pool's and the host tier's (stored, removed) block hashes per step, appended on the engine
+        thread (deque: thread-safe)."""
 
     def step(self):
         """Runs on the engine thread."""
         outputs = super().step()
-        self.pool_changes.append(self.engine.drain_kv_events())
+        self.pool_changes.append((self.engine.drain_kv_events(), self.engine.drain_host_events()))
         return outputs
 
     async def after_step(self, outputs: list) -> None:

@@ -49,6 +49,35 @@ class DecodeWorker(Worker):
         """Sequences whose KV was missing and had to be recomputed."""
         self.num_moved = 0
         """Sequences handed on to another decode worker at shutdown."""
+        self.num_written_back_blocks = 0
+        """Output blocks of finished sequences written to the store (FERRY_KV_WRITEBACK)."""
+        if self.settings.kv_writeback:
+            self.engine.remember_finished(4 * self.settings.max_running)
+
+    async def after_step(self, outputs: list) -> None:
+        if not self.settings.kv_writeback:
+            return await super().after_step(outputs)
+        finished = [(o.request_id, self.ledger.owner(o.request_id)) for o in outputs if o.finish_reason is not None]
+        await super().after_step(outputs)  # tokens out first
+        for sequence_id, request in finished:
+            if request is not None:
+                self.spawn(self.write_back(sequence_id, request))
+
+    async def write_back(self, sequence_id: str, request: GenerateRequest) -> None:
+        """Store the full blocks a finished sequence added after its prompt (the prefill worker stored
+        the prompt's): the next turn of a conversation re-sends prompt + output + more, and finds the
+        whole history in the store instead of recomputing the output. Best effort, after the tokens."""
+        skip = len(request.prompt_token_ids) // self.settings.block_size
+        taken = await self.compute.call(self.engine.take_finished_kv, sequence_id, skip)
+        if taken is None:
+            return
+        hashes, data = taken
+        try:
+            await self.store.put_blocks(hashes, data)
+        except KvStoreError as exc:
+            log.info("output KV of %s not written back: %s", request.request_id, exc)
+            return
+        self.num_written_back_blocks += len(hashes)
 
     async def fetch_kv(self, handoff: Handoff) -> FetchedKV | None:
         data = await self.load_blocks(handoff)

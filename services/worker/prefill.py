@@ -18,9 +18,20 @@ from ferry import metrics
 from ferry.bus import trace
 from ferry.kvstore import KvStoreError
 from ferry.kvstore.index import MAX_HASHES_PER_EVENT
-from ferry.protocol import GenerateRequest, KvEvent, PrefillWork, encode, hash_full_blocks, subjects
+from ferry.protocol import (
+    Cancel,
+    GenerateRequest,
+    KvEvent,
+    KvPrefetch,
+    KvResync,
+    PrefillWork,
+    encode,
+    hash_full_blocks,
+    subjects,
+)
 from ferry_services.worker.base import Worker
 from ferry_services.worker.joining import FetchedKV, Joined
+from ferry_services.worker.prefetch import Prefetcher
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +45,39 @@ class PrefillWorker(Worker):
         self.num_prefix_blocks_reused = 0
         """Leading prompt blocks fetched from the store instead of computed."""
         self.num_prefix_fetch_failures = 0
+        self.prefetcher = Prefetcher(self)
+        self.service.subscribe(
+            subjects.kv_prefetch(self.worker_id), KvPrefetch, self.prefetcher.offer, name="kv_prefetch"
+        )
+        self.service.subscribe(subjects.KV_RESYNC, KvResync, self.on_resync, name="kv_resync")
+        self.prefix_blocks_by_tier = {"device": 0, "host": 0, "remote": 0, "computed": 0}
+        """Leading full prompt blocks of admitted prompts, by where they came from (a hit rate per tier)."""
+
+    async def start(self, consumer=None) -> None:
+        await super().start(consumer)
+        await self.publish_pool_contents(cleared=True)
+
+    async def publish_pool_contents(self, cleared: bool = False) -> None:
+        """Everything the pool and the host tier hold, as 'stored' events (after 'cleared' ones when
+        `cleared`: a restarted worker's balancers forget what its previous life held)."""
+        now = time.time()
+        if cleared:
+            for tier in ("device", "host"):
+                event = KvEvent("cleared", self.namespace, self.worker_id, timestamp=now, tier=tier)
+                await self.nc.publish(subjects.KV_EVENTS, encode(event))
+        device, host = await self.compute.call(self.engine.cached_hashes)
+        await self.publish_pool_changes((device, []), (host, []))
+
+    async def on_resync(self, request: KvResync) -> None:
+        """A prefill-balancer (re)started with an empty index: tell it everything held here."""
+        await self.publish_pool_contents()
+
+    def background(self) -> list:
+        return [*super().background(), self.prefetcher.run()]
+
+    async def on_cancel(self, cancel: Cancel) -> None:
+        self.prefetcher.cancel(cancel.request_ids)
+        await super().on_cancel(cancel)
 
     def pull_budget(self) -> int:
         if self.compute.stats.num_queued_prefill_tokens >= self.settings.max_batch_tokens:
@@ -45,6 +89,7 @@ class PrefillWorker(Worker):
         if work.routed_at:
             log.debug("%s pulled %.1f ms after routing", request.request_id, (time.time() - work.routed_at) * 1000)
         metrics.PREFIX_CACHE_QUERIES.labels(self.role).inc(len(request.all_token_ids))
+        await self.prefetcher.settle(request.request_id)
         prefix = await self.fetch_prefix(request, work.num_cached_blocks_hint)
         trace.hop(request.request_id, "pw.prefix")
         return prefix
@@ -57,18 +102,23 @@ class PrefillWorker(Worker):
         the store: a Redis round trip on every new prompt's way to its first token. The balancer's
         index may lag behind the store, and such a miss costs a recompute, never a wrong token; the
         pool's own blocks are still matched at admission."""
-        if num_cached_blocks_hint <= 0:
-            return None
         block_size = self.settings.block_size
         tokens = request.all_token_ids
         hashes = hash_full_blocks(tokens, block_size)[: (len(tokens) - 1) // block_size]  # >= 1 token left
-        if not hashes:
-            return None
         # Read off the engine thread on purpose (no wait behind a step): only dict/list lookups, and a
-        # stale count merely picks the other correct path (the pool's blocks are matched again at admission).
-        num_local = self.engine.num_cached_blocks(hashes)
-        if num_local == len(hashes):
-            return None
+        # stale count merely picks the other correct path (pool and host blocks are matched again at admission).
+        num_device, num_host = self.engine.cached_tiers(hashes)
+        num_local = num_device + num_host
+        data = None
+        if num_cached_blocks_hint > 0 and num_local < len(hashes):
+            data = await self.fetch_from_store(request, hashes, num_local)
+        num_remote = data.shape[0] - num_local if data is not None else 0
+        self.count_prefix_tiers(len(hashes), num_device, num_host, num_remote)
+        return FetchedKV(data, data.shape[0] * block_size) if data is not None else None
+
+    async def fetch_from_store(self, request: GenerateRequest, hashes: list[bytes], num_local: int):
+        """[n, *block_shape] of the leading blocks when the store holds more of them than this
+        worker has locally; None otherwise (and when the store fails: the blocks are computed)."""
         try:
             num_stored = await self.store.lookup(hashes)
             if num_stored <= num_local:
@@ -80,8 +130,14 @@ class PrefillWorker(Worker):
             return None
         if data is None:  # evicted or corrupt since the lookup
             self.num_prefix_fetch_failures += 1
-            return None
-        return FetchedKV(data, num_stored * block_size)
+        return data
+
+    def count_prefix_tiers(self, num_blocks: int, num_device: int, num_host: int, num_remote: int) -> None:
+        tiers = self.prefix_blocks_by_tier
+        tiers["device"] += num_device
+        tiers["host"] += num_host
+        tiers["remote"] += num_remote
+        tiers["computed"] += num_blocks - num_device - num_host - num_remote
 
     def count_join(self, request: GenerateRequest, joined: Joined, kv: FetchedKV | None) -> None:
         if joined is Joined.WITH_KV:
@@ -105,30 +161,33 @@ class PrefillWorker(Worker):
                 self.ledger.left_engine(request)
                 self.spawn(self.hand_off(request, out.new_token_ids, prefilled[out.request_id]))
 
-    def _take_prefilled(self, sequence_ids: list[str]) -> tuple[dict, tuple[list[bytes], list[bytes]]]:
+    def _take_prefilled(self, sequence_ids: list[str]) -> tuple[dict, tuple]:
         """Runs on the engine thread: each sequence's KV as a CPU copy (its blocks are freed), and
-        the pool's prefix-cache changes since the last step."""
+        the pool's and the host tier's block changes since the last step."""
         taken = {}
         for sequence_id in sequence_ids:
             try:
                 taken[sequence_id] = self.engine.take_prefilled(sequence_id)
             except KeyError:  # aborted (cancel, newer attempt) since the step
                 continue
-        return taken, self.engine.drain_kv_events()
+        return taken, (self.engine.drain_kv_events(), self.engine.drain_host_events())
 
-    async def publish_pool_changes(self, stored: list[bytes], removed: list[bytes]) -> None:
-        """KvEvents (where=<this worker>) for the prefill-balancer's cache-aware routing."""
+    async def publish_pool_changes(self, device: tuple[list[bytes], list[bytes]], host=([], [])) -> None:
+        """KvEvents (where=<this worker>) of its pool ('device') and host tier ('host'), each a
+        (stored, removed) pair, for the prefill-balancer's cache-aware routing."""
         now = time.time()
-        for kind, hashes in (("removed", removed), ("stored", stored)):
-            for start in range(0, len(hashes), MAX_HASHES_PER_EVENT):
-                event = KvEvent(
-                    kind=kind,
-                    kv_namespace=self.namespace,
-                    where=self.worker_id,
-                    block_hashes=hashes[start : start + MAX_HASHES_PER_EVENT],
-                    timestamp=now,
-                )
-                await self.nc.publish(subjects.KV_EVENTS, encode(event))
+        for tier, (stored, removed) in (("device", device), ("host", host)):
+            for kind, hashes in (("removed", removed), ("stored", stored)):
+                for start in range(0, len(hashes), MAX_HASHES_PER_EVENT):
+                    event = KvEvent(
+                        kind=kind,
+                        kv_namespace=self.namespace,
+                        where=self.worker_id,
+                        block_hashes=hashes[start : start + MAX_HASHES_PER_EVENT],
+                        timestamp=now,
+                        tier=tier,
+                    )
+                    await self.nc.publish(subjects.KV_EVENTS, encode(event))
 
     async def hand_off(self, request: GenerateRequest, new_token_ids: list[int], kv) -> None:
         """KV to the store, the sequence to a decode worker; only then is the message acked."""

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field, field_validator
 
-from ferry.dtypes import check_dtype_name
+from ferry.dtypes import WEIGHTS_DTYPES, check_dtype_name
+from ferry.model.source import served_name
 from ferry.settings import ServiceSettings, default_instance_id
 
 
@@ -16,20 +15,50 @@ class WorkerSettings(ServiceSettings):
         pattern=r"^(prefill|decode|both)$",
         description="prefill, decode, or both: prefill work decoded by the same worker (no hand-off)",
     )
-    model: str = Field(default="", description="checkpoint folder (config.json + safetensors + tokenizer)")
+    model: str = Field(
+        default="", description="checkpoint folder (config.json + safetensors + tokenizer), .gguf file or smollm2"
+    )
     served_model_name: str = Field(default="", description="model name clients use; default: folder name")
     worker_id: str = Field(
         default_factory=default_instance_id,
         pattern=r"^[A-Za-z0-9_-]+$",
         description="names this worker's subjects and consumer; unique per replica",
     )
+    kv_writeback: bool = Field(
+        default=True,
+        description="decode: when a sequence finishes, write the full blocks it added (its output) to the KV "
+        "store, so the next turn of the conversation finds its whole history there",
+    )
     num_kv_blocks: int = Field(default=1024, ge=1, description="blocks in this worker's KV pool")
     block_size: int = Field(default=16, ge=1, description="tokens per KV block")
+    host_kv_blocks: int = Field(
+        default=256,
+        ge=0,
+        description="host tier: blocks evicted from the KV pool kept in host memory (pinned on a GPU) "
+        "and loaded back instead of fetched or recomputed; prefetched blocks land here too; 0 = off",
+    )
     max_running: int = Field(default=64, ge=1, description="most sequences in the engine at once")
     max_batch_tokens: int = Field(default=2048, ge=1, description="token budget of one engine step")
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        description="a fixed running-sequence cap: no SLO controller (unset: max_running, adaptive when "
+        "FERRY_TPOT_SLO_MS is set)",
+    )
+    tpot_slo_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="inter-token latency target; > 0 turns on the SLO controller (cap and chunk budget per step)",
+    )
+    ttft_slo_ms: float = Field(default=2000.0, gt=0, description="time-to-first-token target of the SLO controller")
     load_interval_s: float = Field(default=1.0, gt=0, description="seconds between load reports")
     device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:1, ...")
     dtype: str = Field(default="", description="model dtype (float32, bfloat16, ...); '' keeps the checkpoint's")
+    weights_dtype: str = Field(
+        default="auto",
+        description="how projection weights are held: auto keeps the checkpoint's, int8/int4 quantize them "
+        "group-wise at load (a quarter/an eighth of fp32's bytes per decode step); part of the KV namespace",
+    )
     kv_cache_dtype: str = Field(
         default="",
         description="KV cache dtype; '' = the model's. bfloat16 under an fp32 model halves KV memory "
@@ -47,6 +76,13 @@ class WorkerSettings(ServiceSettings):
         "stop grace period (compose stop_grace_period, k8s terminationGracePeriodSeconds)",
     )
 
+    @field_validator("weights_dtype")
+    @classmethod
+    def _weights_dtype(cls, value: str) -> str:
+        if value not in WEIGHTS_DTYPES:
+            raise ValueError(f"weights_dtype: unsupported {value!r}, expected one of {WEIGHTS_DTYPES}")
+        return value
+
     @field_validator("kv_cache_dtype")
     @classmethod
     def _kv_cache_dtype(cls, value: str) -> str:
@@ -58,6 +94,11 @@ class WorkerSettings(ServiceSettings):
         return "prefill" if self.role == "both" else self.role
 
     @property
+    def is_adaptive(self) -> bool:
+        """The SLO controller sets the cap and chunk budget (a TPOT target, no fixed cap)."""
+        return self.tpot_slo_ms > 0 and self.max_num_seqs is None
+
+    @property
     def model_name(self) -> str:
         """The name clients send in `model` (the gateway's default is the same folder name)."""
-        return self.served_model_name or Path(self.model).name or "ferry"
+        return self.served_model_name or served_name(self.model) or "ferry"

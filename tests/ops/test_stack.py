@@ -104,11 +104,11 @@ class Stack:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
         env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
         for key, value in self.services[name]["environment"].items():
-            env[key] = (
-                value.replace("@nats:4222", f"@127.0.0.1:{self.nats_port}")
-                .replace("@redis:6379", f"@127.0.0.1:{self.redis_port}")
-                .replace("/models/demo", str(self.workdir / "models/demo"))
+            env[key] = value.replace("@nats:4222", f"@127.0.0.1:{self.nats_port}").replace(
+                "@redis:6379", f"@127.0.0.1:{self.redis_port}"
             )
+        if "FERRY_MODEL" in env:  # compose's default is SmolLM2; this test serves the tiny random model
+            env["FERRY_MODEL"] = str(self.workdir / "models/demo")
         if name in ROLES:  # one host: one metrics port per replica
             self.metrics_ports[name] = _free_port()
             self.replica_metrics_ports.append(self.metrics_ports[name])

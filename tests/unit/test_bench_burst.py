@@ -1,25 +1,16 @@
-"""Issue #22's burst workload (`ferry bench --workload burst`) and ops/bench/throughput's pure parts."""
+"""Issue #22's burst workload (`ferry bench --workload burst`) and ferry.bench.throughput's pure parts."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import sys
-from pathlib import Path
 
 import pytest
 
 from ferry.bench import cli
+from ferry.bench.throughput import burst, hf_static, report
 from ferry.bench.workload import BURST, named_workload
 
 pytestmark = pytest.mark.unit
-
-_DIR = Path(__file__).resolve().parents[2] / "ops" / "bench" / "throughput"
-sys.path.insert(0, str(_DIR))
-burst = importlib.import_module("burst")
-report = importlib.import_module("report")
-hf_static = importlib.import_module("hf_static")
-sys.path.remove(str(_DIR))
 
 
 def test_burst_preset_shapes_the_workload_and_options_override_it():

@@ -132,3 +132,15 @@ def test_chat_chunks_and_usage_chunk(tok):
     out = Output(num_prompt_tokens=11)
     out.add(event([5, 6], "hi!", "stop"))
     assert usage_chunk(env, out)["choices"] == [] and usage_chunk(env, out)["usage"]["completion_tokens"] == 2
+
+
+def test_return_token_ids_adds_the_output_ids_to_chunks_and_bodies(tok):
+    env = Envelope("cmpl-1", "tiny", is_chat=False, return_token_ids=True)
+    chunk = delta_chunk(env, event([5, 6], "hi"), tok, 0, want_logprobs=False, include_usage=False)
+    assert chunk["choices"][0]["token_ids"] == [5, 6]
+    out = Output(num_prompt_tokens=3)
+    out.add(event([5, 6], "hi"))
+    out.add(event([7], "!", "stop"))
+    assert full_body(env, out, tok, want_logprobs=False)["choices"][0]["token_ids"] == [5, 6, 7]
+    plain = Envelope("cmpl-2", "tiny", is_chat=False)
+    assert "token_ids" not in delta_chunk(plain, event([5], "hi"), tok, 0, want_logprobs=False, include_usage=False)

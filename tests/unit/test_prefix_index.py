@@ -22,11 +22,37 @@ def test_leading_counts_only_the_unbroken_chain():
 
 
 def test_pool_blocks_weigh_more_than_store_blocks():
-    index = PrefixIndex(PrefixIndexConfig(store_weight=0.5))
+    index = PrefixIndex(PrefixIndexConfig(remote_weight=0.5))
     index.apply("stored", "ns", "w1", HASHES[:2])
     index.apply("stored", "ns", STORE, HASHES[:4])
     cached = index.cached_tokens({"w1": "ns", "w2": "ns"}, HASHES, 16)
     assert cached == {"w1": (2 + 0.5 * 2) * 16, "w2": int(0.5 * 4 * 16)}
+
+
+def test_each_block_is_credited_by_the_fastest_tier_holding_it():
+    index = PrefixIndex()  # device 1.0, host 0.75, remote 0.25
+    index.apply("stored", "ns", "w1", HASHES[:1])
+    index.apply("stored", "ns", "w1", HASHES[1:3], tier="host")
+    index.apply("stored", "ns", STORE, HASHES[:4], tier="remote")
+    index.apply("stored", "ns", "w2", HASHES[:4], tier="host")
+    assert index.tier_credits("ns", "w1", HASHES) == [1.0, 0.75, 0.75, 0.25]
+    assert index.tier_credits("ns", "w2", HASHES) == [0.75] * 4
+    assert index.cached_tokens({"w1": "ns", "w2": "ns", "w3": "ns"}, HASHES, 16) == {"w1": 44, "w2": 48, "w3": 16}
+    assert index.leading("ns", "w1", HASHES) == 1  # the device tier alone
+    assert index.leading("ns", "w1", HASHES[1:], tier="host") == 2
+    index.apply("removed", "ns", "w1", HASHES[1:2], tier="host")
+    assert index.tier_credits("ns", "w1", HASHES) == [1.0, 0.25, 0.75, 0.25]
+    index.forget("w1")  # every tier of a worker that left
+    assert index.tier_credits("ns", "w1", HASHES) == [0.25] * 4
+
+
+def test_tier_weights_are_configurable_and_checked():
+    index = PrefixIndex(PrefixIndexConfig(device_weight=1.0, host_weight=0.5, remote_weight=0.0))
+    index.apply("stored", "ns", "w1", HASHES[:2], tier="host")
+    index.apply("stored", "ns", STORE, HASHES)
+    assert index.tier_credits("ns", "w1", HASHES) == [0.5, 0.5, 0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="host_weight"):
+        PrefixIndexConfig(host_weight=1.5)
 
 
 def test_cleared_and_forget_drop_a_location():
@@ -51,5 +77,15 @@ def test_bounded_per_location_and_in_locations():
 def test_bad_kind_and_config_name_the_field():
     with pytest.raises(ValueError, match="kind"):
         PrefixIndex().apply("moved", "ns", "w1")
-    with pytest.raises(ValueError, match="store_weight"):
-        PrefixIndexConfig(store_weight=2)
+    with pytest.raises(ValueError, match="remote_weight"):
+        PrefixIndexConfig(remote_weight=2)
+
+
+def test_only_in_store_lists_the_blocks_a_prefetch_would_bring():
+    index = PrefixIndex()
+    index.apply("stored", "ns", "w1", HASHES[:1])
+    index.apply("stored", "ns", "w1", HASHES[2:3], tier="host")
+    index.apply("stored", "ns", STORE, HASHES[:4])
+    assert index.only_in_store("ns", "w1", HASHES) == [HASHES[1], HASHES[3]]  # the chain ends at block 4
+    assert index.only_in_store("ns", "w2", HASHES) == HASHES[:4]
+    assert index.only_in_store("other", "w1", HASHES) == []

@@ -21,6 +21,8 @@ from ferry.protocol import (
     KvEvent,
     KvLookup,
     KvLookupReply,
+    KvPrefetch,
+    KvResync,
     KvStats,
     KvStatsRequest,
     LoadReport,
@@ -132,6 +134,8 @@ SAMPLES = {
     "kv_event": KvEvent(
         kind="stored", kv_namespace="llama-fp32-v1-abc", where="store", block_hashes=_HASHES[:2], timestamp=1700000002.0
     ),
+    "kv_prefetch": KvPrefetch(request_id="req-1", kv_namespace="llama-fp32-v1-abc", block_hashes=_HASHES[:2]),
+    "kv_resync": KvResync(requester="prefill-balancer-1"),
     "kv_lookup": KvLookup(kv_namespace="llama-fp32-v1-abc", block_hashes=_HASHES),
     "kv_lookup_reply": KvLookupReply(num_cached_blocks=2),
     "kv_stats_request": KvStatsRequest(kv_namespace="llama-fp32-v1-abc"),

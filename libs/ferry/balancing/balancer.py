@@ -50,6 +50,13 @@ class Balancer(abc.ABC, Generic[W]):
         """Serve in this process until `stop` (tests, benchmarks); `serve_balancer` runs it as a service."""
         await self.service.start(self.nc)
         await self.runtime.start()
+        await self.on_serving()
+
+    async def on_serving(self) -> None:
+        """Runs once its subscriptions are live (the prefill-balancer asks for its index here)."""
+
+    async def _serving(self) -> None:
+        await self.on_serving()
 
     async def stop(self) -> None:
         await self.service.stop()
@@ -63,4 +70,5 @@ async def serve_balancer(cls: type[Balancer], settings: BalancerSettings) -> int
     balancer = cls(nc, settings)
     start_metrics_server(settings.metrics_port)
     runtime = balancer.runtime
-    return await run_service(nc, balancer.service, background=[runtime.run()], on_shutdown=runtime.stop)
+    background = [runtime.run(), balancer._serving()]
+    return await run_service(nc, balancer.service, background=background, on_shutdown=runtime.stop)

@@ -12,10 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+from ferry.dtypes import WEIGHTS_DTYPES
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offline", action="store_true", help="benchmark the engine in-process (needs --model)")
-    parser.add_argument("--model", help="checkpoint folder (offline mode; also sizes the workload's vocabulary)")
+    parser.add_argument(
+        "--model", help="checkpoint folder, .gguf file or smollm2 (offline mode; also sizes the workload's vocabulary)"
+    )
     parser.add_argument("--out", type=Path, help="report folder (default ops/bench/<mode>/<UTC time>)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     w = parser.add_argument_group("workload (shared/BENCHMARKS.md, seeded)")
@@ -38,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--max-num-seqs", type=int, default=32, help="batch cap of every system (default %(default)s)")
     o.add_argument("--num-kv-blocks", type=int, default=4096)
     o.add_argument(
+        "--weights-dtype",
+        choices=WEIGHTS_DTYPES,
+        default="auto",
+        help="how ferry's engines hold projection weights (default auto: the checkpoint's)",
+    )
+    o.add_argument(
         "--rate-fractions",
         default="0.5,0.8",
         help="online Poisson rates as fractions of the rate basis's offline req/s; the first is "
@@ -58,9 +68,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--kv-budget-max-num-seqs", type=int, default=128, help="default %(default)s")
     o.add_argument("--online-requests", type=int, default=64)
     o.add_argument("--threads", type=int, default=2, help="torch threads (default %(default)s)")
+    o.add_argument("--device", default="cpu", help="engine device: cpu, cuda, cuda:N (default %(default)s)")
+    t = parser.add_argument_group("SLO trace bench (--offline --trace): adaptive batch cap vs fixed caps")
+    t.add_argument("--trace", help="'day-night' (seeded, compressed diurnal load) or a Mooncake/Azure trace file")
+    t.add_argument("--tpot-slo-ms", type=float, default=50.0, help="default %(default)s")
+    t.add_argument("--ttft-slo-ms", type=float, default=2000.0, help="default %(default)s")
+    t.add_argument("--fixed-caps", default="8,16,32,64,128", help="default %(default)s")
+    t.add_argument("--day-s", type=float, default=90.0, help="day-night: one compressed day (default %(default)s)")
+    t.add_argument("--peak-rps", type=float, default=3.5, help="day-night: noon arrival rate (default %(default)s)")
+    t.add_argument("--trace-speedup", type=float, default=1.0, help="replay: divide trace times by this")
+    t.add_argument("--trace-max-requests", type=int, help="replay: the first N requests only")
     from ferry.bench.online import add_url_arguments
 
     add_url_arguments(parser)  # adds --url and its options
+    from ferry.bench.multiturn_run import add_arguments as add_multiturn_arguments
+
+    add_multiturn_arguments(parser)  # adds --multi-turn and its options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,10 +97,18 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from ferry.bench.workload import BURST_LENGTH_CONTROL, named_workload
 
+    if args.multi_turn:
+        from ferry.bench.multiturn_run import run_multiturn
+
+        out = args.out or Path("ops/bench/multiturn") / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        return run_multiturn(args, out)
     if bool(args.offline) == bool(args.url):
         raise ValueError("choose one mode: --offline (engine in-process) or --url URL (a server)")
-    if args.model and not Path(args.model).is_dir():
-        raise ValueError(f"--model {args.model}: no such checkpoint folder")
+    from ferry.model.source import model_problem
+
+    problem = model_problem(args.model) if args.model else None
+    if problem:
+        raise ValueError(f"--model {args.model}: {problem}")
     given = {"num_requests": args.num_requests, "max_prompt_len": args.max_prompt_len}
     workload = named_workload(
         args.workload,
@@ -94,6 +125,8 @@ def _run(args: argparse.Namespace) -> int:
         "%Y%m%dT%H%M%SZ", time.gmtime()
     )
     if args.url:
+        if args.trace:
+            raise ValueError("--trace runs the engine in-process: use it with --offline")
         try:
             from ferry.bench.online import run_url
         except ImportError:
@@ -102,7 +135,35 @@ def _run(args: argparse.Namespace) -> int:
         return run_url(args, workload, str(out), show_progress=not args.no_progress)
     if not args.model:
         raise ValueError("--offline needs --model DIR")
+    if args.trace:
+        return _run_trace(args, args.out or Path("ops/bench/slo") / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
     return _run_offline(args, workload, out)
+
+
+def _run_trace(args: argparse.Namespace, out: Path) -> int:
+    from ferry.bench.slo_bench import SloBenchConfig, run_slo_bench
+    from ferry.bench.trace import DayNightConfig
+
+    if args.trace != "day-night" and not Path(args.trace).is_file():
+        raise ValueError(f"--trace {args.trace}: neither 'day-night' nor a trace file")
+    cfg = SloBenchConfig(
+        model=Path(args.model),
+        out_dir=out,
+        trace=args.trace,
+        day_night=DayNightConfig(day_s=args.day_s, peak_rps=args.peak_rps, seed=args.seed),
+        tpot_slo_ms=args.tpot_slo_ms,
+        ttft_slo_ms=args.ttft_slo_ms,
+        fixed_caps=_ints(args.fixed_caps, "--fixed-caps"),
+        num_kv_blocks=args.num_kv_blocks,
+        threads=args.threads,
+        trace_speedup=args.trace_speedup,
+        max_requests=args.trace_max_requests,
+        show_progress=not args.no_progress,
+    )
+    report = run_slo_bench(cfg)
+    goodput = {name: round(s["goodput_rps"], 4) for name, s in report["systems"].items()}
+    print(json.dumps({"out": str(out), "ratios": report["ratios"], "goodput_rps": goodput}, indent=2))
+    return 0
 
 
 def _run_offline(args: argparse.Namespace, workload, out: Path) -> int:
@@ -115,6 +176,7 @@ def _run_offline(args: argparse.Namespace, workload, out: Path) -> int:
         workload=workload,
         max_num_seqs=args.max_num_seqs,
         num_kv_blocks=args.num_kv_blocks,
+        weights_dtype=args.weights_dtype,
         rate_fractions=fractions,
         systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
         online_requests=args.online_requests,
@@ -123,6 +185,7 @@ def _run_offline(args: argparse.Namespace, workload, out: Path) -> int:
         kv_budget_tokens=args.kv_budget_tokens,
         kv_budget_max_num_seqs=args.kv_budget_max_num_seqs,
         show_progress=not args.no_progress,
+        device=args.device,
     )
     report = run_offline(cfg)
     summary = {
@@ -147,8 +210,9 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 def _model_vocab(model: str | None) -> int | None:
     if not model:
         return None
-    config = Path(model) / "config.json"
+    from ferry.model.config import read_config
+
     try:
-        return int(json.loads(config.read_text())["vocab_size"])
-    except (OSError, ValueError, KeyError) as exc:
-        raise ValueError(f"--model {model}: cannot read vocab_size from {config} ({exc})") from None
+        return read_config(model).vocab_size
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--model {model}: cannot read its vocab_size ({exc})") from None

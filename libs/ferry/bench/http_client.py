@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -98,10 +99,16 @@ def build_body(call: CompletionCall, model: str, length_control: str) -> dict:
 
 
 async def stream_completion(
-    client: httpx.AsyncClient, url: str, body: dict, call: CompletionCall, sent_at_s: float, timeout_s: float
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict,
+    call: CompletionCall,
+    sent_at_s: float,
+    timeout_s: float,
+    on_event: Callable[[dict], None] | None = None,
 ) -> CallResult:
     """POST `body` to `url` (the full /v1/completions URL) and time its stream; never raises for
-    server or network errors, which land in `CallResult.error`."""
+    server or network errors, which land in `CallResult.error`. `on_event` sees every parsed SSE event."""
     result = CallResult(index=call.index, sent_at_s=sent_at_s)
     start = time.perf_counter()
     try:
@@ -110,7 +117,7 @@ async def stream_completion(
                 text = (await response.aread()).decode(errors="replace")[:300]
                 result.error = f"HTTP {response.status_code}: {text}"
                 return result
-            await _read_events(response, result, start)
+            await _read_events(response, result, start, on_event)
     except (httpx.HTTPError, OSError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
         return result
@@ -132,7 +139,7 @@ async def stream_completion(
     return result
 
 
-async def _read_events(response: httpx.Response, result: CallResult, start: float) -> None:
+async def _read_events(response: httpx.Response, result: CallResult, start: float, on_event=None) -> None:
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
             continue  # blank separators, comments, `event:` lines
@@ -140,7 +147,10 @@ async def _read_events(response: httpx.Response, result: CallResult, start: floa
         if payload == "[DONE]":
             return
         now = time.perf_counter() - start
-        _apply_event(json.loads(payload), now, result)
+        event = json.loads(payload)
+        _apply_event(event, now, result)
+        if on_event is not None:
+            on_event(event)
 
 
 def _apply_event(event: dict, now_s: float, result: CallResult) -> None:

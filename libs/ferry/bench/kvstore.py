@@ -17,6 +17,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -57,7 +58,8 @@ async def measure(stores: dict[str, KvStore], num_blocks: int, repeats: int) -> 
     times: dict[str, dict[str, list[float]]] = {name: {op: [] for op in o} for name, o in ops.items()}
     for store in stores.values():
         await store.put_blocks(hashes, data)
-        assert torch.equal(await store.get_blocks(hashes), data)
+        got = await store.get_blocks(hashes)
+        assert got is not None and torch.equal(got, data)
     for _ in range(repeats):
         for name, named_ops in ops.items():
             for op, fn in named_ops.items():
@@ -81,7 +83,7 @@ async def run(redis_url: str, block_counts: list[int], repeats: int) -> dict:
                 "memory": KvStore(MemoryTransport(), "bench"),
                 "shm": KvStore(ShmTransport(shm_root), f"bench-{n}"),
             }
-            row = await measure(stores, n, repeats)
+            row: dict[str, Any] = await measure(stores, n, repeats)
             r = row["redis"]
             row.update(
                 num_blocks=n,

@@ -25,6 +25,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace, path: Path) -> dict:
     prompts = torch.randint(0, 1024, (args.batch, args.context), generator=torch.Generator().manual_seed(0))
     rate_before = matmul_rate()
     lm = load_model(path)
-    sides = {
+    sides: dict[str, Any] = {
         "ferry": FerrySide(lm, args.batch, args.context, args.block_size, args.steps, fused=True),
         "ferry_bf16_kv": FerrySide(
             lm, args.batch, args.context, args.block_size, args.steps, fused=True, kv_dtype=torch.bfloat16
@@ -195,7 +196,9 @@ def run(args: argparse.Namespace, path: Path) -> dict:
         logits[name], prefill_s[name], _ = timed(side.prefill, prompts)
     max_diff = float((logits["ferry"] - logits["transformers"]).abs().max())
     tokens = logits["ferry"].argmax(-1)
-    times, cpu_times, agree, probes = {name: [] for name in sides}, {name: [] for name in sides}, 0, []
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    cpu_times: dict[str, list[float]] = {name: [] for name in sides}
+    agree, probes = 0, []
     same_as_fp32_kv = 0  # tokens where the bf16-cache side's greedy choice equals the fp32-cache side's
     for _ in range(args.steps + 2):  # all fed the same tokens; the first two steps are warm-up
         for name, side in sides.items():
@@ -281,7 +284,7 @@ def sweep_point(lm, args: argparse.Namespace, context: int) -> dict:
     for side in sides:
         side.kv.data.normal_()
     tokens = torch.randint(0, 1024, (args.batch,), generator=torch.Generator().manual_seed(1))
-    times = ([], [])
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(args.sweep_steps + 1):  # the first step is warm-up
         for side, t in zip(sides, times):
             t.append(timed(side.step, tokens)[2])  # CPU time: the sweep compares kernels, not the box's load

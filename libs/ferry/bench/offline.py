@@ -75,6 +75,8 @@ class OfflineConfig:
     """Batch cap of every system (engine running cap; transformers batch size)."""
     max_num_batched_tokens: int = 2048
     num_kv_blocks: int = 4096
+    weights_dtype: str = "auto"
+    """How ferry's engines hold projection weights (load_model's weights_dtype)."""
     systems: tuple[str, ...] = SYSTEMS
     rate_fractions: tuple[float, ...] = (0.5, 0.8)
     """Online arrival rates as fractions of rate_basis's offline requests/s; the first is the
@@ -88,6 +90,14 @@ class OfflineConfig:
     """Batch cap of every engine system in the equal-KV-memory table."""
     threads: int = 2
     show_progress: bool = True
+    device: str = "cpu"
+    """Where the engine systems run ('cuda' for ops/gpu/check.sh); transformers stays on the CPU."""
+
+    @property
+    def basis(self) -> str:
+        """rate_basis as __post_init__ resolved it."""
+        assert self.rate_basis is not None
+        return self.rate_basis
 
     def __post_init__(self) -> None:
         unknown = set(self.systems) - set(SYSTEMS)
@@ -117,7 +127,7 @@ class OfflineConfig:
 
 def run_offline(cfg: OfflineConfig) -> dict:
     torch.set_num_threads(cfg.threads)
-    lm = load_model(cfg.model)
+    lm = load_model(cfg.model, device=cfg.device, weights_dtype=cfg.weights_dtype)
     requests = make_workload(cfg.workload)
     at_once = [0.0] * len(requests)
     turns = {
@@ -135,9 +145,7 @@ def run_offline(cfg: OfflineConfig) -> dict:
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     path = cfg.out_dir / "report.json"
     path.write_text(json.dumps(report, indent=2, default=str))  # first: the figures survive a missing matplotlib
-    report["plots"] = write_plots(
-        cfg.out_dir, results, online, cfg.rate_basis, equal_kv, (cfg.kv_budget_tokens, cfg.kv_budget_max_num_seqs)
-    )
+    report["plots"] = write_plots(cfg.out_dir, results, online, cfg.basis, equal_kv, _kv_budget(cfg))
     path.write_text(json.dumps(report, indent=2, default=str))
     return report
 
@@ -146,8 +154,17 @@ def _engine_config(
     cfg: OfflineConfig, system: str, num_kv_blocks: int | None = None, max_num_seqs: int | None = None
 ) -> EngineConfig:
     return engine_config(
-        system, max_num_seqs or cfg.max_num_seqs, num_kv_blocks or cfg.num_kv_blocks, cfg.max_num_batched_tokens
+        system,
+        max_num_seqs or cfg.max_num_seqs,
+        num_kv_blocks or cfg.num_kv_blocks,
+        cfg.max_num_batched_tokens,
+        cfg.device,
     )
+
+
+def _kv_budget(cfg: OfflineConfig) -> tuple[int, int] | None:
+    """(KV pool tokens, batch cap) of the equal-KV-memory runs, if any."""
+    return None if cfg.kv_budget_tokens is None else (cfg.kv_budget_tokens, cfg.kv_budget_max_num_seqs)
 
 
 def _run_online(cfg: OfflineConfig, lm: LoadedModel, offline: dict[str, dict]) -> list[OnlineRun]:
@@ -156,7 +173,7 @@ def _run_online(cfg: OfflineConfig, lm: LoadedModel, offline: dict[str, dict]) -
         return []
     wl = WorkloadConfig(**{**asdict(cfg.workload), "num_requests": cfg.online_requests, "seed": cfg.workload.seed + 1})
     requests = make_workload(wl)
-    capacity_rps = offline[cfg.rate_basis]["requests_per_s"]
+    capacity_rps = offline[cfg.basis]["requests_per_s"]
     runs = []
     for fraction in cfg.rate_fractions:
         arrivals = poisson_arrivals(len(requests), fraction * capacity_rps, wl.seed)
@@ -185,7 +202,7 @@ def _report(
     equal_kv: dict[str, RunResult] | None,
 ) -> dict:
     ratios = offline_ratios(offline)
-    rows = online_rows(online, cfg.rate_basis, offline)
+    rows = online_rows(online, cfg.basis, offline)
     for key in ("p99_e2e_reduction_vs_static", "p99_e2e_reduction_vs_static_padded"):
         if rows and key in rows[0]:
             ratios[f"moderate_rate_{key}"] = rows[0][key]
@@ -196,6 +213,7 @@ def _report(
         "model": str(cfg.model),
         "model_fingerprint": lm.fingerprint,
         "threads": cfg.threads,
+        "weights_dtype": lm.weights_dtype,
         "config": {**asdict(cfg), "model": str(cfg.model), "out_dir": str(cfg.out_dir)},
         "machine_matmul_gflops": peak,
         "labels": LABELS,

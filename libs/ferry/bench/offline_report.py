@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ferry.bench.offline_turns import RunResult
 from ferry.model import LoadedModel
+from ferry.model.quant_linear import QuantLinear
 
 LABELS = {
     "dynamic": "dynamic",
@@ -45,7 +47,7 @@ def offline_ratios(offline: dict[str, dict]) -> dict[str, float]:
 def online_rows(online: list[OnlineRun], basis: str, offline: dict[str, dict]) -> list[dict]:
     rows = []
     for fraction, rate_rps, by_system in online:
-        row = {
+        row: dict[str, Any] = {
             "rate_fraction": fraction,
             "rate_basis": basis,
             "offered_rps": rate_rps,
@@ -99,11 +101,12 @@ def matmul_gflops(seconds: float = 1.0, size: int = 1024) -> float:
 
 def model_flops_per_token(lm: LoadedModel) -> float:
     """2 x the parameters a token multiplies through (embedding lookup excluded)."""
-    embed = lm.model.model.embed_tokens.weight.numel()
+    embed_weight = lm.model.model.embed_tokens.weight
     params = sum(p.numel() for p in lm.model.parameters())
-    if lm.config.tie_word_embeddings:
-        embed = 0  # the tied matrix is also the LM head, which is a matmul
-    return 2.0 * (params - embed)
+    params += sum(m.in_features * m.out_features for m in lm.model.modules() if isinstance(m, QuantLinear))
+    if getattr(lm.model.lm_head, "weight", None) is embed_weight:
+        return 2.0 * params  # the tied matrix is also the LM head, which is a matmul
+    return 2.0 * (params - embed_weight.numel())
 
 
 # ---- plots ---------------------------------------------------------------------------------------
@@ -120,6 +123,7 @@ def write_plots(
     if online:
         names.append(_latency_cdfs(out_dir / "latency_cdf.png", online, basis))
     if equal_kv:
+        assert kv_budget is not None  # the equal-KV-memory runs have one
         names.append(
             _bars(
                 out_dir / "equal_kv_memory.png",

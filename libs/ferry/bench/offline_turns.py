@@ -19,13 +19,14 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from ferry.bench.workload import WorkloadRequest, latency_summary
+from ferry.engine.adaptive import AdaptiveLimits
 from ferry.engine.config import EngineConfig
 from ferry.engine.llm_engine import LLMEngine
 from ferry.model import LoadedModel
@@ -73,7 +74,7 @@ class RunResult:
         return out
 
 
-Turns = Iterator[int]
+Turns = Generator[int, None, "RunResult"]
 """A system under test: each next() does one unit of work and yields how many requests finished
 in it; its return value is the RunResult."""
 
@@ -97,7 +98,7 @@ def side_by_side(systems: dict[str, Turns], total: int, progress: bool) -> dict[
 
 # ---- the engine ----------------------------------------------------------------------------------
 def engine_config(
-    system: str, max_num_seqs: int, num_kv_blocks: int, max_num_batched_tokens: int = 2048
+    system: str, max_num_seqs: int, num_kv_blocks: int, max_num_batched_tokens: int = 2048, device: str = "cpu"
 ) -> EngineConfig:
     """The engine settings of one system: both static variants run the engine's static scheduler
     (padding is how engine_turns admits and sizes static_padded's requests); token ids out, no
@@ -110,17 +111,25 @@ def engine_config(
         max_num_batched_tokens=max_num_batched_tokens,
         batching="static" if system == "static_padded" else system,
         detokenize=False,
-        enable_prefix_caching=system != "static_padded",
-    )  # dense static servers have none
+        enable_prefix_caching=system != "static_padded",  # dense static servers have none
+        device=device,
+    )
 
 
 def engine_turns(
-    lm: LoadedModel, config: EngineConfig, requests: list[WorkloadRequest], arrivals: list[float], name: str
+    lm: LoadedModel,
+    config: EngineConfig,
+    requests: list[WorkloadRequest],
+    arrivals: list[float],
+    name: str,
+    adaptive: AdaptiveLimits | None = None,
 ) -> Turns:
     """The engine as a system: an arrived request is handed to it at once ('dynamic', 'static': the
     engine queues it), or, for 'static_padded', held until the engine is idle and then admitted
-    with the others that arrived as one padded batch (static_batch)."""
+    with the others that arrived as one padded batch (static_batch). With `adaptive`, the SLO
+    controller sets the cap and chunk budget before every step (its work is on the clock)."""
     engine = LLMEngine(lm, config)
+    engine.warmup()  # as a worker does before it takes work: no kernel build or graph capture in the timing
     _warm_up(engine)
     before = engine.stats()
     wanted = {r.index: r.max_tokens for r in requests}
@@ -136,8 +145,14 @@ def engine_turns(
         while order and arrivals[order[0]] <= clock:
             arrived.append(requests[order.popleft()])
         for req in _to_submit(name, engine, arrived, result):
-            engine.add_request(str(req.index), req.prompt_token_ids, _sampling(req))
+            engine.add_request(str(req.index), req.prompt_token_ids, _sampling(req), arrival_time=arrivals[req.index])
+            if adaptive is not None:
+                adaptive.observe_arrival(arrivals[req.index], len(req.prompt_token_ids), req.max_tokens)
+        if adaptive is not None:
+            adaptive.before_step(engine, clock)
         outputs = engine.step()
+        if adaptive is not None:
+            adaptive.after_step(engine)
         clock += time.perf_counter() - started
         yield _record(outputs, clock, arrivals, first_s, result, wanted)
     result.busy_s = clock
@@ -247,7 +262,10 @@ def transformers_turns(model_dir: Path, requests: list[WorkloadRequest], batch_s
     """Hugging Face `generate` in static batches (left-padded), greedy, exact output lengths."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    from ferry.model.source import transformers_location
+
+    folder, kwargs = transformers_location(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs).eval()
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     _hf_batch(model, requests[:1], pad, warm_up=True)
     result = RunResult("transformers", math.inf, output_tokens=sum(r.max_tokens for r in requests))

@@ -12,6 +12,7 @@ import inspect
 import statistics
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -38,7 +39,7 @@ def main() -> None:
     detok = len(sys.argv) < 4 or sys.argv[3] != "nodetok"
     reps = int(sys.argv[4]) if len(sys.argv) > 4 else 3
     lm = load_model(model)
-    kw = dict(num_kv_blocks=4096, max_num_seqs=cap, max_num_batched_tokens=2048)
+    kw: dict[str, Any] = dict(num_kv_blocks=4096, max_num_seqs=cap, max_num_batched_tokens=2048)
     if "detokenize" in inspect.signature(EngineConfig).parameters:
         kw["detokenize"] = detok
     elif not detok:

@@ -87,10 +87,10 @@ async def _connect_once(servers: list[str], name: str, reconnect_wait_s: float, 
         await nc.connect(
             servers=servers,
             name=name,
-            connect_timeout=min(2.0, connect_timeout_s),
+            connect_timeout=min(2.0, connect_timeout_s),  # type: ignore[arg-type]  # annotated int, takes float s
             allow_reconnect=True,
             max_reconnect_attempts=TRIES_PER_SERVER,
-            reconnect_time_wait=reconnect_wait_s,
+            reconnect_time_wait=reconnect_wait_s,  # type: ignore[arg-type]  # annotated int, takes float s
             pending_size=RECONNECT_BUFFER_BYTES,
             **_callbacks(nc, connect_errors),
         )

@@ -7,8 +7,8 @@ logging, then serve until a signal (`serve` ends in `ferry.bus.run_service`) and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from ferry.logs import setup_logging
 from ferry.settings import ServiceSettings, load_settings
@@ -19,7 +19,7 @@ S = TypeVar("S", bound=ServiceSettings)
 def service_main(
     name: str,
     settings_cls: type[S],
-    serve: Callable[[S], Awaitable[int]],
+    serve: Callable[[S], Coroutine[Any, Any, int]],
     *,
     config_errors: tuple[type[Exception], ...] = (),
 ) -> int:

@@ -88,7 +88,7 @@ async def _create(js: JetStreamContext, config: StreamConfig) -> bool:
 
 
 async def _reconcile(js: JetStreamContext, existing: StreamConfig, wanted: StreamConfig) -> None:
-    if (existing.num_replicas or 1) > wanted.num_replicas:
+    if (existing.num_replicas or 1) > (wanted.num_replicas or 1):
         log.info(
             "stream %s keeps its %d replicas (this service asks %d: FERRY_WORK_REPLICAS); never reduced here",
             wanted.name,

@@ -10,6 +10,7 @@ pending block waits one step instead of computing the same prefix again.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ferry.engine.sequence import Sequence
@@ -44,6 +45,9 @@ class BlockManager:
         under 2 x num_blocks entries even when nobody drains (a decode-only engine)."""
         self.num_hit_tokens = 0
         """Tokens served from the prefix cache at admissions, since start."""
+        self.on_evict: Callable[[int, bytes], None] | None = None
+        """Called with (block id, hash) when a computed cached block is about to be reused, while its
+        KV is still intact: the engine's host tier keeps a copy (engine/host_tier.py)."""
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -78,6 +82,17 @@ class BlockManager:
             if block_id is None or not self._is_computed[block_id]:
                 return i
         return len(block_hashes)
+
+    def cached_hashes(self) -> list[bytes]:
+        """Every computed block's hash findable here (held or free)."""
+        return [h for h, b in self._hash_to_block.items() if self._is_computed[b]]
+
+    def cached_block_ids(self, block_hashes: list[bytes]) -> list[int]:
+        """Pool blocks of the leading hashes that are computed here (held or free)."""
+        block_ids = []
+        for block_hash in block_hashes[: self.num_leading_cached(block_hashes)]:
+            block_ids.append(self._hash_to_block[block_hash])
+        return block_ids
 
     def drain_events(self) -> tuple[list[bytes], list[bytes]]:
         """(stored, removed) hashes of computed cached blocks since the last call, as a net change:
@@ -150,6 +165,27 @@ class BlockManager:
             seq.block_ids.append(self._take_fresh())
         return True
 
+    def touch(self, block_hashes: list[bytes]) -> None:
+        """Make the free cached blocks of these hashes the last to be evicted."""
+        for block_hash in block_hashes:
+            block_id = self._hash_to_block.get(block_hash)
+            if block_id is not None and block_id in self._free:
+                self._free.move_to_end(block_id)
+
+    def adopt(self, block_hash: bytes) -> int | None:
+        """A free slot named `block_hash` and counted as computed, for KV the caller writes into it
+        now (loaded from the host tier); None when the hash is known here or no slot is free. The
+        block stays free (most recently used end), so a later admission finds it like any cached one."""
+        if not self.enable_prefix_caching or block_hash in self._hash_to_block or not self._free:
+            return None
+        block_id = self._take_fresh()
+        self._ref_counts[block_id] = 0
+        self._is_computed[block_id] = True
+        self._name(block_id, block_hash)
+        self._note_stored(block_hash)
+        self._free[block_id] = None
+        return block_id
+
     # ---- progress and release ------------------------------------------------------------
     def commit(self, seq: Sequence) -> None:
         """Mark the blocks filled by computed tokens as computed and offer them to the cache."""
@@ -202,6 +238,8 @@ class BlockManager:
         block_id, _ = self._free.popitem(last=False)
         block_hash = self._hashes[block_id]
         if block_hash is not None:
+            if self.on_evict is not None and self._is_computed[block_id]:
+                self.on_evict(block_id, block_hash)
             del self._hash_to_block[block_hash]
             self._note_removed(block_hash)
             self._hashes[block_id] = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ferry.dtypes import DTYPE_NAMES
+from ferry.dtypes import DTYPE_NAMES, WEIGHTS_DTYPES
 
 BATCHING_MODES = ("dynamic", "static")
 ENGINE_ROLES = ("both", "prefill", "decode")
@@ -38,11 +38,17 @@ class EngineConfig:
     None reads FERRY_ATTENTION. Resolved once when the engine is built (ferry.kernels.backend)."""
     dtype: str | None = None
     """Model dtype; None keeps the checkpoint's."""
+    weights_dtype: str = "auto"
+    """How projection weights are held, one of WEIGHTS_DTYPES: 'auto' keeps the checkpoint's, float32 /
+    bfloat16 set the model dtype, int8 / int4 quantize them group-wise at load (ferry.model.quant_linear)."""
     kv_cache_dtype: str | None = None
     """dtype of the paged KV cache, one of KV_CACHE_DTYPES; None: the model's. 'bfloat16' under an fp32
     model halves the memory per cached token and the bytes CPU decode attention reads (the fused kernel
     widens rows in registers and still computes in fp32); keys and values are rounded to bf16 once, when
     written. Blocks then live in their own KV-store namespace (LLMEngine.kv_namespace)."""
+    host_cache_blocks: int = 0
+    """Host tier: up to this many blocks evicted from the KV pool are kept in host memory (pinned on
+    a GPU) and loaded back at admission instead of recomputed or fetched (engine/host_tier.py); 0 = off."""
     seed: int = 0
     """Seed of the engine's generator for requests without their own seed."""
     detokenize: bool = True
@@ -78,8 +84,15 @@ class EngineConfig:
             self.max_num_batched_tokens,
             f"must be >= max_num_seqs ({self.max_num_seqs})",
         )
+        _require(self.host_cache_blocks >= 0, "host_cache_blocks", self.host_cache_blocks, "must be >= 0")
         _require(self.batching in BATCHING_MODES, "batching", self.batching, f"must be one of {BATCHING_MODES}")
         _require(self.role in ENGINE_ROLES, "role", self.role, f"must be one of {ENGINE_ROLES}")
+        _require(
+            self.weights_dtype in WEIGHTS_DTYPES,
+            "weights_dtype",
+            self.weights_dtype,
+            f"must be one of {WEIGHTS_DTYPES}",
+        )
         _require(
             self.kv_cache_dtype is None or self.kv_cache_dtype in KV_CACHE_DTYPES,
             "kv_cache_dtype",

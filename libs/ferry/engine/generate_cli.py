@@ -11,8 +11,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from ferry.engine.config import KV_CACHE_DTYPES, EngineConfig
+from ferry.engine.config import KV_CACHE_DTYPES, WEIGHTS_DTYPES, EngineConfig
 
 
 class InputError(Exception):
@@ -20,7 +21,9 @@ class InputError(Exception):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors, tokenizer)")
+    parser.add_argument(
+        "--model", required=True, help="checkpoint folder (config.json, safetensors, tokenizer), .gguf file, or smollm2"
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="one prompt (text)")
     source.add_argument("--prompts-file", type=Path, help="JSONL: one prompt per line")
@@ -38,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size (default: 1 GiB)")
     parser.add_argument("--no-prefix-caching", action="store_true")
+    add_weights_dtype_argument(parser)
     parser.add_argument(
         "--ep-size",
         type=int,
@@ -57,6 +61,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_weights_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """--weights-dtype, shared by generate, up and bench."""
+    parser.add_argument(
+        "--weights-dtype",
+        choices=WEIGHTS_DTYPES,
+        default="auto",
+        help="how projection weights are held (default auto: the checkpoint's); int8/int4 quantize them "
+        "group-wise at load and multiply with on-the-fly dequantization",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
@@ -66,10 +81,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ferry.model.source import model_problem
     from ferry.protocol import SamplingParams
 
-    if not Path(args.model).is_dir():
-        raise InputError(f"--model {args.model}: no such checkpoint folder")
+    problem = model_problem(args.model)
+    if problem:
+        raise InputError(f"--model {args.model}: {problem}")
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts_file)
     try:
         sampling = SamplingParams(
@@ -89,6 +106,7 @@ def _run(args: argparse.Namespace) -> int:
             batching=args.batching,
             enable_prefix_caching=not args.no_prefix_caching,
             kv_cache_dtype=args.kv_cache_dtype,
+            weights_dtype=args.weights_dtype,
         )
     except ValueError as exc:
         raise InputError(str(exc)) from None
@@ -109,7 +127,7 @@ def read_prompts(path: Path) -> list[str | list[int] | dict]:
     """Each line: a string, or {"prompt": str | "prompt_token_ids": [int], "max_tokens"?: int}."""
     if not path.is_file():
         raise InputError(f"--prompts-file {path}: no such file")
-    prompts = []
+    prompts: list[str | list[int] | dict] = []
     for line_no, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -153,7 +171,7 @@ def generate(engine, prompts: list, sampling, progress: bool = False) -> list[di
             engine.add_request(str(index), _token_ids(engine, prompt), params)
         except ValueError as exc:
             raise InputError(f"prompt {index}: {exc}") from None
-    results = [{"token_ids": [], "text": "", "finish_reason": None} for _ in prompts]
+    results: list[dict[str, Any]] = [{"token_ids": [], "text": "", "finish_reason": None} for _ in prompts]
     with tqdm(total=len(prompts), desc="generate", unit="prompt", disable=not progress, file=sys.stderr) as bar:
         while engine.has_unfinished_requests():
             for out in engine.step():

@@ -8,12 +8,16 @@ outside with add_prefilled(). No NATS, no Redis: the workers wrap this.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
 
 from ferry.engine.block_manager import BlockManager
 from ferry.engine.config import EngineConfig
+from ferry.engine.host_cache import HostBlockCache
+from ferry.engine.host_tier import HostTier
+from ferry.engine.kv_tiers import KvTiers
 from ferry.engine.outputs import EngineStats, PrefilledKV, RequestOutput
 from ferry.engine.request_state import RequestState
 from ferry.engine.runner import ModelRunner
@@ -25,12 +29,14 @@ from ferry.protocol import SamplingParams, hash_full_blocks
 from ferry.slo.step_model import StepRecord
 
 
-class LLMEngine:
+class LLMEngine(KvTiers):
     def __init__(self, lm: LoadedModel, config: EngineConfig | None = None) -> None:
         self.lm = lm
         self.config = config = config or EngineConfig()
         num_blocks = config.num_kv_blocks or self._blocks_for_memory(lm, config)
-        self.runner = ModelRunner(lm, num_blocks, config.block_size, config.device, _kv_dtype(config), config.attention)
+        self.runner = ModelRunner(
+            lm, num_blocks, config.block_size, config.device, _kv_dtype(config), config.attention, config.max_num_seqs
+        )
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -38,24 +44,37 @@ class LLMEngine:
             config.max_num_batched_tokens,
             static_batching=config.batching == "static",
         )
+        self.host: HostTier | None = None
+        """Blocks evicted from the pool, kept in host memory (config.host_cache_blocks > 0)."""
+        if config.host_cache_blocks:
+            cache = HostBlockCache(config.host_cache_blocks, pin_memory=config.device.startswith("cuda"))
+            self.host = HostTier(cache, self.block_manager, self.runner.kv)
         self.max_model_len = lm.config.max_position_embeddings
         self.generator = torch.Generator().manual_seed(config.seed)
         self._requests: dict[str, RequestState] = {}
+        self._finished_chains: OrderedDict[str, list[bytes]] = OrderedDict()
+        self._max_finished_chains = 0
         self._pinned: dict[str, RequestState] = {}
         self._num_computed_tokens = self._num_steps = self._num_generated = self._num_scheduled = 0
         self.last_step: StepRecord | None = None
         """What the latest non-empty step ran and how long it took (the step-time model learns from it)."""
 
+    def warmup(self) -> None:
+        """Compile / build the kernels and capture the decode graphs now, before the engine takes work
+        (the worker calls it before it pulls its first request)."""
+        self.runner.warmup()
+
     @classmethod
     def from_model_path(cls, path: str | Path, config: EngineConfig | None = None) -> LLMEngine:
         config = config or EngineConfig()
-        return cls(load_model(path, device=config.device, dtype=config.dtype), config)
+        lm = load_model(path, device=config.device, dtype=config.dtype, weights_dtype=config.weights_dtype)
+        return cls(lm, config)
 
     @property
     def kv_namespace(self) -> str:
         """Where this engine's KV blocks live in the KV store: the model fingerprint, plus the cache's
         dtype when that differs from the model's (such blocks only load into a cache of that dtype)."""
-        kv_dtype, model_dtype = self.runner.kv.dtype, self.lm.model.lm_head.weight.dtype
+        kv_dtype, model_dtype = self.runner.kv.dtype, self.lm.model.model.embed_tokens.weight.dtype
         if kv_dtype == model_dtype:
             return self.lm.fingerprint
         return f"{self.lm.fingerprint}-kv-{str(kv_dtype).removeprefix('torch.')}"
@@ -74,6 +93,8 @@ class LLMEngine:
         arrival_time: float | None = None,
     ) -> None:
         state = self._new_state(request_id, prompt_token_ids, output_token_ids, sampling, arrival_time)
+        if self.host is not None:
+            self.host.promote(state.seq.token_ids)
         self._requests[request_id] = state
         self.scheduler.add(state.seq)
 
@@ -92,6 +113,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         started = time.perf_counter()
         batch = self.scheduler.schedule()
+        if self.host is not None:
+            self.host.flush()  # blocks evicted for this batch, before the step overwrites them
         if batch.is_empty:
             self.runner.idle()  # an expert-parallel rank still joins its group's all-to-alls
             return []
@@ -125,6 +148,18 @@ class LLMEngine:
     def max_num_batched_tokens(self) -> int:
         return self.scheduler.max_num_batched_tokens
 
+    def prefill_backlog(self) -> list[tuple[float, int]]:
+        """(arrival_time, tokens still to prefill) of every sequence not prefilled yet, in the order
+        the scheduler will take them: running ones mid-prefill, then the waiting queue."""
+        running = [s for s in self.scheduler.running if not s.is_prefill_done]
+        return [(s.arrival_time, s.num_uncomputed_tokens) for s in (*running, *self.scheduler.waiting)]
+
+    def decode_load(self) -> tuple[int, int]:
+        """(sequences that decode next step, context tokens they hold): what a chunk budget must
+        leave room for."""
+        decoding = [s for s in self.scheduler.running if s.is_prefill_done]
+        return len(decoding), sum(s.num_computed_tokens for s in decoding)
+
     def _postprocess(self, batch: ScheduledBatch, logits: torch.Tensor) -> list[RequestOutput]:
         rows = [i for i, s in enumerate(batch.seqs) if s.num_computed_tokens == s.num_tokens]
         if not rows:
@@ -144,8 +179,15 @@ class LLMEngine:
         return outputs
 
     def _finish(self, state: RequestState) -> None:
-        del self._requests[state.seq.request_id]
-        self.scheduler.remove(state.seq)
+        seq = state.seq
+        del self._requests[seq.request_id]
+        if self._max_finished_chains:
+            self._finished_chains[seq.request_id] = seq.block_hashes[
+                : seq.num_computed_tokens // self.config.block_size
+            ]
+            while len(self._finished_chains) > self._max_finished_chains:
+                self._finished_chains.popitem(last=False)
+        self.scheduler.remove(seq)
 
     def _pin(self, state: RequestState) -> None:
         del self._requests[state.seq.request_id]
@@ -212,6 +254,8 @@ class LLMEngine:
             raise ValueError(f"kv_data: {kv_data.shape[0]} blocks, {num_kv_tokens} tokens need {num_kv_blocks}")
         if not self.block_manager.allocate(seq):
             raise RuntimeError(f"{request_id}: no room for {seq.num_tokens} tokens (check can_admit first)")
+        if self.host is not None:
+            self.host.flush()
         self.runner.kv.write_blocks(seq.block_ids[:num_kv_blocks], kv_data)
         seq.num_computed_tokens = num_kv_tokens
         if count_as_cached:
@@ -220,13 +264,6 @@ class LLMEngine:
         self.block_manager.commit(seq)  # full blocks join the prefix cache: later local requests hit
         self._requests[request_id] = state
         self.scheduler.add_running(seq)
-
-    def num_cached_blocks(self, block_hashes: list[bytes]) -> int:
-        """How many leading blocks of this chained-hash list are computed in the pool now."""
-        return self.block_manager.num_leading_cached(block_hashes)
-
-    def drain_kv_events(self) -> tuple[list[bytes], list[bytes]]:
-        return self.block_manager.drain_events()
 
     # ---- introspection -----------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -244,6 +281,8 @@ class LLMEngine:
             num_generated_tokens=self._num_generated,
             num_pinned=len(self._pinned),
             mean_batch_size=self._num_scheduled / max(self._num_steps, 1),
+            num_host_blocks=len(self.host.cache) if self.host is not None else 0,
+            num_host_hit_blocks=self.host.cache.num_hits if self.host is not None else 0,
         )
 
     # ---- internals ---------------------------------------------------------------------------

@@ -48,6 +48,10 @@ class EngineStats:
     """Prefill-role sequences whose KV waits for take_prefilled."""
     mean_batch_size: float
     """Sequences per model step, averaged since start."""
+    num_host_blocks: int = 0
+    """Blocks in the host tier now (0 without one)."""
+    num_host_hit_blocks: int = 0
+    """Blocks loaded back into the pool from the host tier at admissions, since start."""
 
     @property
     def kv_usage(self) -> float:

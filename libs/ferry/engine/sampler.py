@@ -156,7 +156,7 @@ def _exponential_noise(
     if seeded:  # drawn on the host row by row, then copied to the device together
         own = torch.empty(len(seeded), probs.shape[-1], dtype=probs.dtype)
         for row, i in enumerate(seeded):
-            seed = _mix_seed(requests[i].sampling.seed, requests[i].num_output_tokens)
+            seed = _mix_seed(requests[i].sampling.seed or 0, requests[i].num_output_tokens)  # not None: seeded
             own[row].exponential_(generator=torch.Generator().manual_seed(seed))
         index = torch.tensor(seeded, dtype=torch.int64).to(probs.device, non_blocking=True)
         noise.index_copy_(0, index, own.to(probs.device, non_blocking=True))
@@ -177,10 +177,10 @@ def _logprobs(raw: torch.Tensor, requests: list[SampleRequest], token_ids: list[
     logp = raw[rows].float().log_softmax(dim=-1)  # [R, V]
     picked = torch.tensor([token_ids[i] for i in rows], device=logp.device).unsqueeze(1)  # [R, 1]
     chosen = logp.gather(1, picked).squeeze(1).tolist()
-    max_k = max(requests[i].sampling.logprobs for i in rows)
+    max_k = max(requests[i].sampling.logprobs or 0 for i in rows)
     top_vals, top_ids = logp.topk(max_k, dim=-1) if max_k else (logp[:, :0], logp[:, :0].long())
-    top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+    top_val_rows, top_id_rows = top_vals.tolist(), top_ids.tolist()
     for j, i in enumerate(rows):
         k = requests[i].sampling.logprobs
-        out[i] = TokenLogprob(token_ids[i], chosen[j], top_ids[j][:k], top_vals[j][:k])
+        out[i] = TokenLogprob(token_ids[i], chosen[j], top_id_rows[j][:k], top_val_rows[j][:k])
     return out

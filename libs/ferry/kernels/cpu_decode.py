@@ -1,5 +1,6 @@
 """Fused paged decode attention on the CPU: the C++ kernel in csrc/paged_decode.cpp, built on first use
-together with the step's small fused ops (csrc/cpu_layers.cpp, wrapped by cpu_layers.py).
+together with the step's small fused ops (csrc/cpu_layers.cpp, wrapped by cpu_layers.py) and the
+quantized-weight matmul (csrc/quant_linear.cpp, wrapped by quant_linear.py).
 
 The kernel reads each sequence's K/V blocks in place (attention_ref's path gathers them into a copy
 first, which cost more than the attention itself), so decode attention is one pass over the cache.
@@ -26,12 +27,17 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("csrc") / name for name in ("paged_decode.cpp", "cpu_layers.cpp")]
+SOURCES = [
+    Path(__file__).with_name("csrc") / name for name in ("paged_decode.cpp", "cpu_layers.cpp", "quant_linear.cpp")
+]
 HEADERS = [Path(__file__).with_name("csrc") / "cpu_math.h"]  # included by SOURCES: part of the build's identity
-# reassociation (not -ffast-math: the online softmax relies on -inf) lets reductions use vector trees
+# reassociation (not -ffast-math: the online softmax relies on -inf) lets reductions use vector trees.
+# -fopenmp: at::parallel_for is a header template whose OpenMP team exists only when the extension itself
+# is compiled with OpenMP; without it every parallel_for here ran on one thread. Linked against the
+# libgomp.so.1 torch has already loaded, so kernels and torch share one thread pool.
 CFLAGS = [
     "-O3",
-    "-fopenmp-simd",
+    "-fopenmp",
     "-fno-math-errno",
     "-fno-trapping-math",
     "-fno-signed-zeros",
@@ -96,6 +102,7 @@ def _build():
         name=name,
         sources=[str(f) for f in SOURCES],
         extra_cflags=cflags(),
+        extra_ldflags=["-fopenmp"],
         build_directory=build_dir and str(build_dir),
         is_python_module=False,
         verbose=False,

@@ -83,7 +83,7 @@ def encode_header(
 
 def encode_block(block: torch.Tensor, namespace: str, block_hash: bytes = _NO_HASH) -> bytes:
     """One block tensor [*block_shape] -> header + raw bytes."""
-    payload = memoryview(tensor_bytes(block))
+    payload = memoryview(tensor_bytes(block))  # type: ignore[arg-type]  # numpy's stubs: no __buffer__ before 3.12
     return encode_header(namespace, block.dtype, tuple(block.shape), payload, block_hash) + payload
 
 

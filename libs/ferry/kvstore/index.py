@@ -41,6 +41,15 @@ class BlockIndex:
     def blocks_per_namespace(self) -> dict[str, int]:
         return {ns: len(blocks) for ns, blocks in self._blocks.items() if blocks}
 
+    def contents(self) -> list[IndexChange]:
+        """Everything held, as 'stored' changes (a balancer that lost its index asks for this)."""
+        changes = []
+        for ns, blocks in self._blocks.items():
+            hashes = list(blocks)
+            for start in range(0, len(hashes), MAX_HASHES_PER_EVENT):
+                changes.append(IndexChange("stored", ns, hashes[start : start + MAX_HASHES_PER_EVENT]))
+        return changes
+
     def stored(self, namespace: str, block_hash: bytes, num_bytes: int) -> None:
         """A block was written (or rewritten: then only its size changes, no event)."""
         blocks = self._blocks[namespace]

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -81,7 +82,7 @@ class RedisTransport:
     async def close(self) -> None:
         await self.client.aclose()
 
-    async def _pipeline(self, what: str, queue: Callable[[object], object]) -> list:
+    async def _pipeline(self, what: str, queue: Callable[[Pipeline], object]) -> list:
         async def run() -> list:
             async with self.client.pipeline(transaction=False) as pipe:
                 queue(pipe)

@@ -60,7 +60,7 @@ class KvStore:
         if data.dim() < 1 or data.shape[0] != len(hashes):
             raise ValueError(f"data has shape {tuple(data.shape)}, expected [{len(hashes)}, *block_shape]")
         keys = self.keys(hashes)
-        raw = memoryview(tensor_bytes(data))  # [n * block_bytes]
+        raw = memoryview(tensor_bytes(data))  # type: ignore[arg-type]  # [n * block_bytes]; numpy stubs lack __buffer__
         block_bytes = len(raw) // max(len(hashes), 1)
         block_shape = tuple(data.shape[1:])
         items = []

@@ -21,8 +21,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ferry.dtypes import WEIGHTS_DTYPES
 from ferry.launcher import SERVICE_MODULES
 from ferry.launcher.endpoints import DEFAULT_NATS_MONITOR_PORT, DEFAULT_NATS_PORT, print_urls, start_servers
+from ferry.model.source import DEFAULT_MODEL, DEMO_MODEL, model_problem, resolve_model
 
 STOP_GRACE_S = 10.0
 SMALL_MACHINE_CORES = 4
@@ -58,7 +60,12 @@ class Child:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, help="checkpoint folder; without it a tiny random demo model")
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"checkpoint folder, .gguf file, {DEFAULT_MODEL} (SmolLM2-135M-Instruct, the default) "
+        f"or {DEMO_MODEL} (a tiny random-weight model)",
+    )
     parser.add_argument(
         "--layout",
         choices=("auto", "split", "both"),
@@ -101,6 +108,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--redis-url",
         default=os.environ.get("REDIS_URL", ""),
         help="use this Redis (default $REDIS_URL; none: start redis-server)",
+    )
+    parser.add_argument(
+        "--weights-dtype",
+        choices=WEIGHTS_DTYPES,
+        help="how workers hold projection weights (FERRY_WEIGHTS_DTYPE; default auto: the checkpoint's)",
     )
     parser.add_argument("--num-kv-blocks", type=int, help="KV blocks per worker (FERRY_NUM_KV_BLOCKS)")
     parser.add_argument("--max-running", type=int, help="batch cap per worker (FERRY_MAX_RUNNING)")
@@ -148,16 +160,17 @@ def _raise_stop(signum, frame) -> None:
     raise StopRequested(signum)
 
 
-def _model(model: Path | None, run_dir: Path) -> Path:
-    if model is not None:
-        if not (model / "config.json").is_file():
-            raise SystemExit(f"ferry up: --model {model}: no config.json there")
-        return model
+def _model(model: str, run_dir: Path) -> Path:
+    if model != DEMO_MODEL:
+        problem = model_problem(model)
+        if problem:
+            raise SystemExit(f"ferry up: --model {model}: {problem}")
+        return resolve_model(model)
     from ferry.model.make_model import make_model
 
     path = make_model(run_dir / "demo-model", "llama", "tiny")
     print(
-        f"ferry up: no --model given: serving a tiny demo model at {path}; its weights are random, "
+        f"ferry up: --model {DEMO_MODEL}: serving a tiny demo model at {path}; its weights are random, "
         "so its output is gibberish",
         flush=True,
     )
@@ -193,6 +206,7 @@ def plan_services(args: argparse.Namespace, model_dir: Path, nats_url: str, redi
     worker_env = {
         k: str(v)
         for k, v in (
+            ("FERRY_WEIGHTS_DTYPE", args.weights_dtype),
             ("FERRY_NUM_KV_BLOCKS", args.num_kv_blocks),
             ("FERRY_MAX_RUNNING", args.max_running),
             ("FERRY_MAX_BATCH_TOKENS", args.max_batch_tokens),

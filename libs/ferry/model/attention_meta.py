@@ -10,6 +10,7 @@ what a step derives from it (decode gather plans) lives with the KV cache (Paged
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -80,8 +81,8 @@ class AttentionMetadata:
     @classmethod
     def build_with_inputs(
         cls,
-        query_lens: list[int],
-        context_lens: list[int],
+        query_lens: Sequence[int],
+        context_lens: Sequence[int],
         block_tables: list[list[int]],
         block_size: int,
         input_ids: list[int],

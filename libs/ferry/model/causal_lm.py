@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -13,10 +15,14 @@ from ferry.model.cpu_linear import Linear
 from ferry.model.dense_attention import GQAttention
 from ferry.model.kv_cache import PagedKVCache
 from ferry.model.layers import GatedMLP, RMSNorm
+from ferry.model.quant_linear import QuantLinear
 from ferry.model.rope import Rotary
 
+if TYPE_CHECKING:
+    from ferry.model.mla import MLAttention
 
-def _attention_class(cfg: ModelConfig) -> type[nn.Module]:
+
+def _attention_class(cfg: ModelConfig) -> type[GQAttention | MLAttention]:
     if cfg.is_mla:
         from ferry.model.mla import MLAttention
 
@@ -81,20 +87,25 @@ class CausalLM(nn.Module):
         if backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention backend: {backend!r}, expected one of {ATTENTION_BACKENDS}")
         for layer in self.model.layers:
-            layer.self_attn.backend = backend
+            layer.self_attn.backend = backend  # type: ignore[union-attr]  # a DecoderLayer's attention module
+        for module in self.modules():  # quantized weight matmuls pick their kernel the same way
+            if isinstance(module, QuantLinear):
+                module.backend = backend
         self.attention_backend = backend
 
     def fuse_projections(self) -> None:
         """After loading: q/k/v and gate/up each become one matmul (parameters become slices)."""
         for module in self.modules():
-            if module is not self and hasattr(module, "fuse"):
-                module.fuse()
+            fuse = getattr(module, "fuse", None)
+            if module is not self and callable(fuse):
+                fuse()
 
     def prepack_cpu_weights(self) -> None:
         """After fuse_projections, on the CPU: every weight matmul gets oneDNN's packed copy (cpu_linear)."""
         for module in self.modules():
-            if module is not self and hasattr(module, "prepack"):
-                module.prepack()
+            prepack = getattr(module, "prepack", None)
+            if module is not self and callable(prepack):
+                prepack()
 
     @torch.inference_mode()
     def forward(
@@ -120,7 +131,7 @@ class CausalLM(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> PagedKVCache:
-        weight = self.lm_head.weight
+        weight = self.model.embed_tokens.weight  # in the model dtype also when lm_head is quantized
         return _attention_class(self.config).make_kv_cache(
             self.config, num_blocks, block_size, device or weight.device, dtype or weight.dtype
         )

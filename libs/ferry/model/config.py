@@ -213,7 +213,15 @@ def _ids(value: Any) -> tuple[int, ...]:
 
 
 def read_config(path: str | Path) -> ModelConfig:
-    """The ModelConfig of a checkpoint folder, without torch (the gateway needs only this)."""
+    """The ModelConfig of a checkpoint folder, a .gguf file or a pretrained model's name, without torch
+    (the gateway needs only this)."""
+    from ferry.model.source import resolve_model
+
+    path = resolve_model(path)
+    if path.suffix == ".gguf":
+        from ferry.model.gguf_reader import open_gguf
+
+        return open_gguf(path).config
     file = Path(path) / "config.json"
     if not file.exists():
         raise FileNotFoundError(f"{file}: missing")

@@ -12,7 +12,7 @@ own, still without a sync (E times the FLOPs: a correctness fallback, not a fast
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,7 +32,7 @@ class GroupedExperts:
         return self.gate_up.shape[0]
 
     @classmethod
-    def stack(cls, experts: Sequence[nn.Module], share: bool = False) -> GroupedExperts:
+    def stack(cls, experts: Any, share: bool = False) -> GroupedExperts:  # GatedMLPs: an nn.ModuleList or a list
         """Stacks GatedMLP experts' weights. share=True (after loading) re-points each expert's
         parameters at its slice of the stack, so memory is not duplicated and the experts stay usable
         one by one; their own fuse/prepack then skip them (is_fused)."""

@@ -49,7 +49,8 @@ class PagedKVCache:
         """Two flat buffers of at least numel elements that decode attention gathers K and V into;
         kept across layers and steps, so a decode step allocates no large tensors."""
         if self._scratch is None or self._scratch[0].numel() < numel:
-            self._scratch = tuple(torch.empty(numel, device=self.data.device, dtype=self.dtype) for _ in "kv")
+            k, v = (torch.empty(numel, device=self.data.device, dtype=self.dtype) for _ in "kv")
+            self._scratch = (k, v)
         return self._scratch
 
     @property

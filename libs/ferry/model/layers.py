@@ -31,7 +31,7 @@ def fuse_linears(*linears: nn.Linear) -> FusedProjection:
     for lin in linears:
         end = start + lin.out_features
         lin.weight = nn.Parameter(weight[start:end], requires_grad=False)
-        lin.is_fused = True
+        lin.is_fused = True  # type: ignore[assignment]  # a plain attribute, not a tensor or module
         if bias is not None:
             lin.bias = nn.Parameter(bias[start:end], requires_grad=False)
         start = end

@@ -33,6 +33,16 @@ SIZES: dict[str, dict[str, Any]] = {
         vocab_size=512,
         max_position_embeddings=2048,
     ),
+    "1b": dict(  # Llama-3.2-1B's shape (shared/BENCHMARKS.md: the GPU model, random bf16 weights)
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        intermediate_size=8192,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+    ),
     "bench": dict(
         hidden_size=512,
         num_hidden_layers=8,
@@ -51,11 +61,12 @@ EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
             rope_theta=500000.0,
             rope_scaling=dict(
                 rope_type="llama3",
-                factor=8.0,
+                factor=32.0 if size == "1b" else 8.0,
                 low_freq_factor=1.0,
                 high_freq_factor=4.0,
-                original_max_position_embeddings=SIZES[size]["max_position_embeddings"] // 8,
+                original_max_position_embeddings=SIZES[size]["max_position_embeddings"] // (16 if size == "1b" else 8),
             ),
+            **(dict(tie_word_embeddings=True) if size == "1b" else {}),
         )
         for size in SIZES
     },
@@ -127,11 +138,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _token_id(tok, token: str) -> int:
+    token_id = tok.token_to_id(token)
+    assert token_id is not None, f"{token!r}: not in the trained vocabulary"  # the trainer adds every special token
+    return token_id
+
+
 def hf_config(arch: str, size: str, vocab_ids: dict[str, int], dtype: str = "float32") -> dict[str, Any]:
     if arch not in ARCH_NAMES:
         raise ValueError(f"arch: unsupported {arch!r}, expected one of {sorted(ARCH_NAMES)}")
-    if size not in SIZES:
-        raise ValueError(f"size: unsupported {size!r}, expected one of {sorted(SIZES)}")
+    if size not in SIZES or size not in EXTRAS[arch]:
+        sizes = sorted(s for s in SIZES if s in EXTRAS[arch])
+        raise ValueError(f"size: unsupported {size!r} for {arch}, expected one of {sizes}")
     config = dict(
         architectures=[ARCH_NAMES[arch]],
         model_type=MODEL_TYPES[arch],
@@ -175,12 +193,8 @@ def make_model(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tok = bpe.train_tokenizer(SIZES[size]["vocab_size"])
-    ids = {
-        "bos": tok.token_to_id(bpe.BOS),
-        "eos": tok.token_to_id(bpe.EOS),
-        "pad": tok.token_to_id(bpe.PAD),
-        "im_end": tok.token_to_id(bpe.IM_END),
-    }
+    specials = {"bos": bpe.BOS, "eos": bpe.EOS, "pad": bpe.PAD, "im_end": bpe.IM_END}
+    ids = {name: _token_id(tok, token) for name, token in specials.items()}
     config = hf_config(arch, size, ids, dtype)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     generation = dict(bos_token_id=ids["bos"], eos_token_id=[ids["eos"], ids["im_end"]], pad_token_id=ids["pad"])

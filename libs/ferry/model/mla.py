@@ -54,7 +54,9 @@ def _prefill_plan(meta: AttentionMetadata, kv: PagedKVCache) -> PrefillPlan:
     totals = [meta.context_lens[i] + meta.query_lens[i] for i in rows]
     width = -(-max(totals) // bs) * bs
     starts = [0]
-    token_rows, fresh_rows, fresh_positions = [], [], []
+    token_rows: list[int] = []
+    fresh_rows: list[int] = []
+    fresh_positions: list[int] = []
     for j, i in enumerate(rows):
         first, count, ctx = meta.query_starts[i], meta.query_lens[i], meta.context_lens[i]
         token_rows.extend(range(first, first + count))

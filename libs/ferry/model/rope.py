@@ -24,6 +24,8 @@ def inv_freq_and_scale(
         return base / float(scaling["factor"]), 1.0
     if kind == "llama3":
         return _llama3(base, scaling), 1.0
+    if kind == "factors":  # a GGUF's rope_freqs: the Llama-3 scaling as divisors, one per frequency
+        return base / torch.tensor(scaling["factors"], dtype=torch.float32), 1.0
     if kind == "yarn":
         return _yarn(dim, theta, scaling, max_positions)
     raise ValueError(f"rope_scaling: unsupported rope_type {kind!r}")
@@ -72,6 +74,8 @@ def _yarn(dim: int, theta: float, s: dict[str, Any], max_positions: int) -> tupl
 
 class Rotary(torch.nn.Module):
     """Precomputes nothing per position: cos/sin come from positions on each call (positions are sparse)."""
+
+    inv_freq: torch.Tensor  # [dim/2], a buffer
 
     def __init__(self, dim: int, theta: float, scaling: dict[str, Any] | None, max_positions: int) -> None:
         super().__init__()

@@ -23,6 +23,19 @@ class Tokenizer:
         self._template = _compile(chat_template) if chat_template else None
 
     @classmethod
+    def from_path(cls, path: str | Path) -> Tokenizer:
+        """A checkpoint folder's tokenizer, a GGUF file's, or a pretrained model's (by name)."""
+        from ferry.model.source import resolve_model
+
+        path = resolve_model(path)
+        if path.suffix == ".gguf":
+            from ferry.model.gguf_reader import open_gguf
+            from ferry.model.gguf_tokenizer import tokenizer_from_gguf
+
+            return tokenizer_from_gguf(open_gguf(path))
+        return cls.from_dir(path)
+
+    @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
         path = Path(path)
         file = path / "tokenizer.json"
@@ -58,7 +71,8 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str | None]:
+        """None for an id the vocabulary does not have."""
         return [self._backend.id_to_token(int(i)) for i in ids]
 
     def apply_chat_template(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import torch
@@ -38,7 +39,7 @@ def tensor_locations(path: Path) -> dict[str, Path]:
     return files
 
 
-def load_weights(module: nn.Module, path: Path, skip: set[str] = frozenset()) -> None:
+def load_weights(module: nn.Module, path: Path, skip: AbstractSet[str] = frozenset()) -> None:
     """Copies every parameter of module (a tied weight once) from the checkpoint at path."""
     locations = tensor_locations(path)
     targets = dict(module.named_parameters(remove_duplicate=True))

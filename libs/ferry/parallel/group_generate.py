@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -130,9 +131,9 @@ def _rank_main(rank, ep_size, address, model, prompts, sampling, config, placeme
         rebalancer.num_rebalances if rebalancer else 0,
         rebalancer.num_experts_loaded if rebalancer else 0,
     )
-    gathered = [None] * ep_size if rank == 0 else None
+    gathered: list[Any] | None = [None] * ep_size if rank == 0 else None
     dist.gather_object((list(zip(mine, local)), load), gathered, dst=0, group=group)
-    if rank == 0:
+    if gathered is not None:  # rank 0
         ordered: list = [None] * len(prompts)
         for part, _ in gathered:
             for index, result in part:

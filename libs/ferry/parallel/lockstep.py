@@ -54,6 +54,7 @@ def init_group(address: GroupAddress, rank: int, world_size: int, timeout_s: flo
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+    assert dist.group.WORLD is not None  # init_process_group made it
     return dist.group.WORLD
 
 

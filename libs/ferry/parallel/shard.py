@@ -49,7 +49,7 @@ def apply_placements(lm: LoadedModel, placements: list[ExpertPlacement], rank: i
         local = []
         for expert in placement.slots[rank]:
             if expert not in have:
-                have[expert] = _load_expert(lm, locations, index, expert, layer.experts[0])
+                have[expert] = _load_expert(lm, locations, index, expert, layer.experts[0])  # type: ignore[arg-type]
                 loaded += 1
             local.append(have[expert])
         layer.set_placement(placement, local)

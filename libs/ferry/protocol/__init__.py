@@ -12,6 +12,7 @@ from ferry.protocol.codec import (
 )
 from ferry.protocol.messages import (
     FINISH_REASONS,
+    KV_TIERS,
     ROLES,
     BlockRef,
     Cancel,
@@ -23,6 +24,8 @@ from ferry.protocol.messages import (
     KvEvent,
     KvLookup,
     KvLookupReply,
+    KvPrefetch,
+    KvResync,
     KvStats,
     KvStatsRequest,
     LoadReport,
@@ -39,6 +42,7 @@ from ferry.protocol.messages import (
 __all__ = [
     "FINISH_REASONS",
     "HASH_BYTES",
+    "KV_TIERS",
     "MAX_MESSAGE_BYTES",
     "PROTOCOL_VERSION",
     "ROLES",
@@ -53,6 +57,8 @@ __all__ = [
     "KvEvent",
     "KvLookup",
     "KvLookupReply",
+    "KvPrefetch",
+    "KvResync",
     "KvStats",
     "KvStatsRequest",
     "LoadReport",

@@ -106,7 +106,7 @@ def _from_wire(cls: type[T], fields: Any, path: str) -> T:
         raise ProtocolError(f"{path}: expected a map of fields, got {_kind(fields)}")
     hints = _hints(cls)
     kwargs = {}
-    for f in dataclasses.fields(cls):
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]  # T: a registered message dataclass
         if f.name not in fields:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise ProtocolError(f"{path}.{f.name}: missing required field")
@@ -138,7 +138,7 @@ def _check(value: Any, hint: Any, path: str) -> Any:
             raise ProtocolError(f"{path}: expected a map, got {_kind(value)}")
         _, item = typing.get_args(hint)
         return {k: _check(v, item, f"{path}[{k!r}]") for k, v in value.items()}
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _from_wire(hint, value, path)
     return _check_scalar(value, hint, path)
 

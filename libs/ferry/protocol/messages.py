@@ -266,6 +266,8 @@ class LoadReport:
     decodes: bool = False
     """A prefill worker that also decodes what it prefilled (`FERRY_ROLE=both`): no hand-off leaves
     it, and the gateway counts it as a decode worker too."""
+    weights_dtype: str = ""
+    """What the worker's weight matmuls hold (float32, bfloat16, int8, ...; '' = not said)."""
 
     def __post_init__(self) -> None:
         _require(self.role in ROLES, "role", self.role, f"must be one of {ROLES}")
@@ -311,6 +313,10 @@ class TrafficForecast:
         _require(self.num_requests >= 0, "num_requests", self.num_requests, "must be >= 0")
 
 
+KV_TIERS = ("device", "host", "remote")
+"""Where a KV block can be, fastest first: a worker's pool, its host memory, the shared store."""
+
+
 @message("kv_event")
 @dataclass(slots=True)
 class KvEvent:
@@ -323,11 +329,41 @@ class KvEvent:
     """'store' for the shared Redis store, else the worker id whose pool changed."""
     block_hashes: list[bytes] = field(default_factory=list)
     timestamp: float = 0.0
+    tier: str = "device"
+    """Which memory of `where`: 'device' (a worker's KV pool), 'host' (the blocks a worker evicted
+    from its pool, kept in host memory) or 'remote' (the store)."""
 
     def __post_init__(self) -> None:
         _require(
             self.kind in ("stored", "removed", "cleared"), "kind", self.kind, "must be 'stored', 'removed' or 'cleared'"
         )
+        _require(self.tier in KV_TIERS, "tier", self.tier, f"must be one of {KV_TIERS}")
+
+
+@message("kv_prefetch")
+@dataclass(slots=True)
+class KvPrefetch:
+    """Blocks a routed request will need, sent to the worker it was routed to on `ferry.kv.prefetch.<id>`
+    so the worker can fetch them from the store into its host tier while the request is queued."""
+
+    request_id: str
+    """Cancelling this request cancels the prefetch."""
+    kv_namespace: str
+    block_hashes: list[bytes]
+    """Leading blocks of the prompt, in chain order; the worker skips those it holds."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.block_hashes), "block_hashes", self.block_hashes, "must not be empty")
+
+
+@message("kv_resync")
+@dataclass(slots=True)
+class KvResync:
+    """On `ferry.kv.resync`, from a prefill-balancer that (re)started with an empty prefix index: every
+    prefill worker and the kvcache service publish all they hold as 'stored' `KvEvent`s."""
+
+    requester: str = ""
+    """Who asked (logs only)."""
 
 
 @message("kv_lookup")

@@ -20,6 +20,9 @@ LOAD_ALL = "ferry.load.>"
 KV_EVENTS = "ferry.kv.events"
 KV_LOOKUP = "ferry.kv.lookup"
 KV_STATS = "ferry.kv.stats"
+KV_PREFETCH_ALL = "ferry.kv.prefetch.>"
+KV_RESYNC = "ferry.kv.resync"
+"""prefill-balancer -> prefill workers and kvcache, broadcast: republish what you hold (`KvResync`)."""
 FORECAST_ALL = "ferry.forecast.>"
 """Every source's TrafficForecast."""
 
@@ -61,6 +64,11 @@ def work_consumer(role: str, worker_id: str) -> str:
 def out(gateway_id: str) -> str:
     """Where workers publish token events for requests from `gateway_id`."""
     return f"ferry.out.{_token(gateway_id, 'gateway_id')}"
+
+
+def kv_prefetch(worker_id: str) -> str:
+    """prefill-balancer -> one worker: start fetching these blocks into your host tier (`KvPrefetch`)."""
+    return f"ferry.kv.prefetch.{_token(worker_id, 'worker_id')}"
 
 
 def load(role: str, worker_id: str) -> str:

@@ -143,9 +143,13 @@ def targets(systems: dict[str, dict[str, dict]]) -> list[dict]:
     out = []
     for t in TARGETS:
         kind = ALL_AT_ONCE if t.figure in THROUGHPUT_FIGURES else POISSON
-        phases = sorted(
-            p for p in set(systems.get(t.numerator, {})) & set(systems.get(t.denominator, {})) if phase_kind(p) == kind
-        ) or [None]
+        phases: list[str | None] = [
+            *sorted(
+                p
+                for p in set(systems.get(t.numerator, {})) & set(systems.get(t.denominator, {}))
+                if phase_kind(p) == kind
+            )
+        ] or [None]
         for phase in phases:
             value = (
                 None if phase is None else compare(systems[t.numerator][phase], systems[t.denominator][phase], t.figure)

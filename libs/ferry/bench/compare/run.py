@@ -203,7 +203,7 @@ def _warm_up(config: OnlineConfig) -> str:
         for i in range(2)
     ]
     phase = asyncio.run(run_phase(calls, [0.0, 0.0], config, "warm-up", math.inf))
-    bad = [r.error for r in phase.results if not r.ok]
+    bad = [r.error or "failed" for r in phase.results if not r.ok]
     return bad[0] if bad else ""
 
 

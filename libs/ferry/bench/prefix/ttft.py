@@ -76,8 +76,8 @@ async def measure_ttft(
     store = KvStore(transport, namespace=lm.fingerprint)
     system, users = make_prompts(lm.config.vocab_size, system_tokens, user_tokens, num_requests, seed)
     await seed_store(engines["pool"], store, system, block_size)  # also warms the 'pool' engine's cache
-    first_token_of = {m: [] for m in MODES}
-    ttft = {m: [] for m in MODES}
+    first_token_of: dict[str, list[float]] = {m: [] for m in MODES}
+    ttft: dict[str, list[float]] = {m: [] for m in MODES}
     blocks_reused = store_hit_tokens = 0
     for i, user in enumerate(users):
         prompt = system + user

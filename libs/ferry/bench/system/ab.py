@@ -73,6 +73,7 @@ async def measure(engine, systems: dict[str, tuple], args: argparse.Namespace) -
                     result = await stream_completion(client, url, body, call, 0.0, 120.0)
                     if not result.ok:
                         raise SystemExit(f"{name}: {result.error}")
+                    assert result.ttft_s is not None  # ok: text streamed
                     ttft_ms[name].append(result.ttft_s * 1000)
     return ttft_ms
 

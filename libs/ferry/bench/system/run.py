@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -44,7 +45,7 @@ from ferry.bench.workload import WorkloadConfig, latency_summary, make_workload
 from ferry.launcher.servers import free_port
 from ferry.protocol import SamplingParams
 
-ENGINE_ARGS = dict(num_kv_blocks=2048, max_num_seqs=32, max_num_batched_tokens=2048)
+ENGINE_ARGS: dict[str, Any] = dict(num_kv_blocks=2048, max_num_seqs=32, max_num_batched_tokens=2048)
 
 
 def parse_args() -> argparse.Namespace:
@@ -145,6 +146,7 @@ def start_system(
     if args.torch_threads:
         cmd += ["--torch-threads", str(args.torch_threads)]
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    assert process.stdout is not None  # stdout=PIPE
     for line in process.stdout:
         print("  " + line.rstrip(), flush=True)
         if "ferry up: ready" in line:
@@ -188,6 +190,7 @@ async def ttft_pairs(
                 result = await stream_completion(client, f"{base_url}/v1/completions", body, call, 0.0, 120.0)
                 if not result.ok:
                     raise SystemExit(f"a TTFT request failed through the system: {result.error}")
+                assert result.ttft_s is not None  # ok and streamed text
                 system_s.append(result.ttft_s)
     await raw.close()
     return engine_s, system_s, socket_s
@@ -284,8 +287,8 @@ def one_round(engine, base_url: str, model_name: str, args, seed: int) -> dict:
     requests = make_workload(workload)
     calls = make_calls(workload, "ids")
     ttft_calls = [dataclasses.replace(c, max_tokens=8) for c in calls[: args.ttft_requests]]
-    engine_side = {"offline": engine_offline(engine, requests)}
-    system_side = {"offline": asyncio.run(system_offline(base_url, model_name, calls))}
+    engine_side: dict[str, Any] = {"offline": engine_offline(engine, requests)}
+    system_side: dict[str, Any] = {"offline": asyncio.run(system_offline(base_url, model_name, calls))}
     engine_side["ttft_s"], system_side["ttft_s"], system_side["ttft_socket_s"] = asyncio.run(
         ttft_pairs(engine, base_url, model_name, requests[: args.ttft_requests], ttft_calls)
     )

@@ -37,6 +37,7 @@ class SocketClient:
         return await asyncio.wait_for(self._read_stream(start), timeout_s)
 
     async def _read_stream(self, start: float) -> float:
+        assert self._reader is not None  # ttft_s opened the connection
         status = await self._reader.readline()
         if b" 200 " not in status:
             raise RuntimeError(f"HTTP status line {status!r}")

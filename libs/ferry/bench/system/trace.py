@@ -60,7 +60,7 @@ def stamp_socket_writes() -> list[float]:
         writes.append(time.time())
         await original(self, buffer, timeout)
 
-    backend.AnyIOStream.write = write
+    backend.AnyIOStream.write = write  # type: ignore[method-assign]  # timestamps every socket write
     return writes
 
 
@@ -83,6 +83,7 @@ async def send_all(base_url: str, model_name: str, num_requests: int, seed: int,
             )
             if not result.ok:
                 raise SystemExit(f"request failed: {result.error}")
+            assert result.ttft_s is not None  # ok: text streamed
             stamps.append(
                 {
                     "client.send": sent,

@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-import burst
+from ferry.bench.throughput import burst
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ def targets(meta: dict, systems: dict[str, dict]) -> list[dict]:
         if den == "hf-serve" and value is not None:  # the bar holds at equal or lower TTFT p50
             ttft = [(systems[s]["ttft_ms"] or {}).get("p50") for s in (num, den)]
             row["ttft_p50_ms"] = ttft
-            row["met"] = row["met"] and None not in ttft and ttft[0] <= ttft[1]
+            row["met"] = row["met"] and ttft[0] is not None and ttft[1] is not None and ttft[0] <= ttft[1]
         rows.append(row)
     return rows
 
@@ -85,10 +85,9 @@ def markdown(meta: dict, systems: dict, problems: dict, rows: list[dict]) -> str
 
 
 def plot(path: Path, meta: dict, systems: dict[str, dict]) -> None:
-    import matplotlib
+    from ferry.bench.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = list(systems)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))

@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-import burst
+from ferry.bench.throughput import burst
 
 
 def main() -> None:

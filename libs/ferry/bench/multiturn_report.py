@@ -1,0 +1,81 @@
+"""The multi-turn bench's README.md and its one plot (TTFT p50 per turn, prefetch off vs on)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_markdown(path: Path, report: dict) -> None:
+    modes, ratios, config = report["modes"], report["ratios"], report["config"]
+    lines = [
+        "# Multi-turn bench: KV prefetch off vs on",
+        "",
+        f"{config['num_users']} users x {config['num_turns']} turns (+1 after a worker restart), system prompt "
+        f"{config['system_prompt_len']} tokens, user messages ~{config['user_len_median']}, answers "
+        f"{config['output_len']} tokens, think time ~{config['think_time_s']} s; model {Path(config['model']).name}.",
+        "'off': no host tier, no decode write-back, no prefetch. 'on': all three. Modes run one after the other.",
+        f"Prefill worker pool: {config['prefill_kv_blocks']} blocks. Command: `{report.get('command', '')}`",
+        "",
+        "| turn | TTFT p50 off (ms) | TTFT p50 on (ms) | off/on | TTFT p99 off | TTFT p99 on |",
+        "|---|---|---|---|---|---|",
+    ]
+    for turn, off in modes["off"]["turns"]["ttft_ms_by_turn"].items():
+        on = modes["on"]["turns"]["ttft_ms_by_turn"].get(turn, {})
+        r = ratios["ttft_p50_off_over_on_by_turn"].get(turn)
+        lines.append(
+            f"| {turn} | {_f(off['p50'])} | {_f(on.get('p50'))} | {_f(r, 2)} | {_f(off['p99'])} | {_f(on.get('p99'))} |"
+        )
+    restart = {m: modes[m]["after_restart"]["ttft_ms_turn_2_on"] for m in modes}
+    r = ratios["ttft_p50_off_over_on_after_restart"]
+    cells = [
+        _f(restart["off"]["p50"]),
+        _f(restart["on"]["p50"]),
+        _f(r, 2),
+        _f(restart["off"]["p99"]),
+        _f(restart["on"]["p99"]),
+    ]
+    tokens_per_s = {m: _f(modes[m]["turns"]["output_tokens_per_s"], 1) for m in modes}
+    lines += [
+        "| after restart | " + " | ".join(cells) + " |",
+        "",
+        f"Turns >= 2, TTFT p50 off/on: **{_f(ratios['ttft_p50_off_over_on_turn_2_on'], 2)}x** (target >= 3x).",
+        f"Output tokens/s on/off: **{_f(ratios['throughput_on_over_off'], 3)}** "
+        f"(off {tokens_per_s['off']}, on {tokens_per_s['on']}).",
+        "",
+        "Prefill worker's admitted prompt blocks by tier (turns 1..N; then the turn after the restart):",
+        "",
+        "| mode | device | host | remote | computed | after restart: device | host | remote | computed |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, data in modes.items():
+        before, after = data["prefix_blocks_by_tier"], data["after_restart"]["prefix_blocks_by_tier"]
+        cells = [str(before.get(k, "")) for k in ("device", "host", "remote", "computed")]
+        cells += [str(after.get(k, "")) for k in ("device", "host", "remote", "computed")]
+        lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+    errors = {m: modes[m]["turns"]["num_errors"] + modes[m]["after_restart"]["num_errors"] for m in modes}
+    lines += ["", f"Errors: {errors}", ""]
+    path.write_text("\n".join(lines))
+
+
+def write_plot(path: Path, report: dict) -> None:
+    from ferry.bench.plots import pyplot, save_figure
+
+    plt = pyplot()
+    modes = report["modes"]
+    turns = list(modes["off"]["turns"]["ttft_ms_by_turn"])
+    labels = turns + ["restart"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    width = 0.4
+    for i, mode in enumerate(("off", "on")):
+        values = [modes[mode]["turns"]["ttft_ms_by_turn"].get(t, {}).get("p50") or 0 for t in turns]
+        values.append(modes[mode]["after_restart"]["ttft_ms_turn_2_on"]["p50"] or 0)
+        ax.bar([x + (i - 0.5) * width for x in range(len(labels))], values, width, label=f"prefetch {mode}")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_xlabel("turn")
+    ax.set_ylabel("TTFT p50 (ms)")
+    ax.legend()
+    save_figure(fig, path)
+
+
+def _f(value, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"

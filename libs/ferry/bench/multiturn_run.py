@@ -1,0 +1,171 @@
+"""`ferry bench --multi-turn`: the whole system (`ferry up`'s processes) with KV prefetch off, then on,
+on one nats-server and one redis-server, driven by the same seeded conversations (multiturn.py).
+
+'off' is ferry without the multi-turn KV features (no host tier, no decode write-back, no prefetch);
+'on' has all three. Each mode: start the services, run `num_turns` turns of every conversation, then
+restart every worker (pools and host tiers gone, Redis still holding blocks) and run one more turn.
+The report has TTFT p50/p99 per turn, throughput, and the prefill worker's prompt blocks per tier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from ferry.bench.multiturn import ConversationConfig, Session, make_conversations, run_turns, summarize
+from ferry.bench.multiturn_report import write_markdown, write_plot
+from ferry.launcher import servers
+from ferry.launcher.up import plan_services, spawn, stop_children, wait_ready
+
+MODES = {
+    "off": {"FERRY_HOST_KV_BLOCKS": "0", "FERRY_KV_WRITEBACK": "false", "FERRY_KV_PREFETCH": "false"},
+    "on": {"FERRY_HOST_KV_BLOCKS": "512", "FERRY_KV_WRITEBACK": "true", "FERRY_KV_PREFETCH": "true"},
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    m = parser.add_argument_group("multi-turn bench (--multi-turn: starts the system itself, prefetch off vs on)")
+    m.add_argument("--multi-turn", action="store_true", help="run the multi-turn conversation bench")
+    m.add_argument("--users", type=int, default=8)
+    m.add_argument("--turns", type=int, default=4)
+    m.add_argument("--system-prompt-len", type=int, default=256)
+    m.add_argument("--user-len-median", type=int, default=48)
+    m.add_argument("--turn-output-len", type=int, default=64)
+    m.add_argument("--think-time-s", type=float, default=1.0)
+    m.add_argument(
+        "--prefill-kv-blocks", type=int, default=1024, help="the prefill worker's pool (default %(default)s)"
+    )
+
+
+def run_multiturn(args: argparse.Namespace, out: Path) -> int:
+    from ferry.model.make_model import make_model
+
+    out.mkdir(parents=True, exist_ok=True)
+    model = Path(args.model) if args.model else make_model(out / "model", "llama", "bench")
+    config = ConversationConfig(
+        num_users=args.users,
+        num_turns=args.turns,
+        system_prompt_len=args.system_prompt_len,
+        user_len_median=args.user_len_median,
+        output_len=args.turn_output_len,
+        think_time_s=args.think_time_s,
+        vocab_size=args.vocab_size or json.loads((model / "config.json").read_text())["vocab_size"],
+        seed=args.seed,
+    )
+    report: dict = {"config": _fields(config), "modes": {}}
+    report["config"]["model"] = str(model)
+    report["config"]["prefill_kv_blocks"] = args.prefill_kv_blocks
+    report["command"] = " ".join(["ferry", *sys.argv[1:]]) if "bench" in sys.argv else ""
+    with contextlib.ExitStack() as stack:
+        nats = stack.enter_context(servers.start_nats())
+        redis = stack.enter_context(servers.start_redis())
+        for mode in MODES:
+            report["modes"][mode] = _run_mode(mode, model, config, nats.url, redis.url, args, out / f"logs-{mode}")
+            print(f"ferry bench --multi-turn: {mode}: {json.dumps(report['modes'][mode]['turns']['ttft_ms_by_turn'])}")
+    report["ratios"] = _ratios(report["modes"])
+    (out / "multiturn.json").write_text(json.dumps(report, indent=1))
+    write_markdown(out / "README.md", report)
+    write_plot(out / "ttft_by_turn.png", report)
+    print(f"ferry bench --multi-turn: report in {out}")
+    return 0
+
+
+def _fields(config) -> dict:
+    return {name: getattr(config, name) for name in config.__slots__}
+
+
+def _run_mode(mode, model, config, nats_url, redis_url, args, run_dir: Path) -> dict:
+    import redis as redis_sync
+
+    redis_sync.Redis.from_url(redis_url).flushall()  # each mode starts with an empty store
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ns = argparse.Namespace(
+        prefill_workers=1,
+        decode_workers=1,
+        num_kv_blocks=None,
+        max_running=args.max_num_seqs,
+        max_batch_tokens=None,
+        torch_threads=1,  # six processes share the machine
+        host="127.0.0.1",
+        port=servers.free_port(),
+    )
+    specs = plan_services(ns, model, nats_url, redis_url)
+    for spec in specs:
+        spec.env.update(MODES[mode])
+        if spec.env.get("FERRY_ROLE") == "prefill":
+            spec.env["FERRY_NUM_KV_BLOCKS"] = str(args.prefill_kv_blocks)
+    children = [spawn(spec, run_dir) for spec in specs]
+    base_url = f"http://127.0.0.1:{ns.port}"
+    try:
+        _ready(children, base_url)
+        system, conversations = make_conversations(config)
+        session = Session()
+        turns, wall_s = asyncio.run(
+            run_turns(base_url, _model_name(model), config, conversations, system, session, range(config.num_turns))
+        )
+        result = {"turns": summarize(turns, wall_s), "prefix_blocks_by_tier": asyncio.run(_tier_stats(nats_url))}
+        for child in [c for c in children if c.spec.kind == "worker"]:  # pools and host tiers gone, Redis kept
+            stop_children([child])
+            children[children.index(child)] = spawn(child.spec, run_dir)
+        _ready(children, base_url)
+        last = range(config.num_turns, config.num_turns + 1)
+        after, after_wall_s = asyncio.run(
+            run_turns(base_url, _model_name(model), config, conversations, system, session, last)
+        )
+        result["after_restart"] = summarize(after, after_wall_s)
+        result["after_restart"]["prefix_blocks_by_tier"] = asyncio.run(_tier_stats(nats_url))
+        return result
+    finally:
+        stop_children(children)
+
+
+def _ready(children, base_url: str) -> None:
+    problem = wait_ready(children, base_url, 300.0)
+    if problem:
+        raise RuntimeError(f"system not ready: {problem}")
+
+
+def _model_name(model: Path) -> str:
+    return model.name
+
+
+async def _tier_stats(nats_url: str) -> dict:
+    """The prefill worker's admitted prompt blocks by tier, from `nats micro stats prefill-worker`."""
+    from ferry.bus import connect
+
+    nc = await connect(nats_url, "ferry-bench")
+    try:
+        reply = await nc.request("$SRV.STATS.prefill-worker", b"", timeout=5)
+    finally:
+        await nc.close()
+    stats = json.loads(reply.data)
+    work = next(e for e in stats["endpoints"] if e["name"] == "work")
+    return work["data"].get("prefix_blocks_by_tier", {})
+
+
+def _ratios(modes: dict) -> dict:
+    """off / on for TTFT (> 1: 'on' is faster), on / off for throughput (>= 1: no loss)."""
+    off, on = modes["off"], modes["on"]
+
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    by_turn = {
+        turn: ratio(off["turns"]["ttft_ms_by_turn"].get(turn, {}).get("p50"), stats["p50"])
+        for turn, stats in on["turns"]["ttft_ms_by_turn"].items()
+    }
+    later = "ttft_ms_turn_2_on"
+    return {
+        "ttft_p50_off_over_on_by_turn": by_turn,
+        "ttft_p50_off_over_on_turn_2_on": ratio(off["turns"][later]["p50"], on["turns"][later]["p50"]),
+        "ttft_p50_off_over_on_after_restart": ratio(
+            off["after_restart"][later]["p50"], on["after_restart"][later]["p50"]
+        ),
+        "throughput_on_over_off": ratio(on["turns"]["output_tokens_per_s"], off["turns"]["output_tokens_per_s"]),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }

@@ -1,0 +1,82 @@
+"""HostTier: wires a HostBlockCache under an engine's device pool. Runs on the engine thread.
+
+Eviction: the block manager names each computed block it is about to reuse (`on_evict`); the
+copies are taken in one batch (`flush`) before anything writes into the pool (a model step, a
+block load), while the evicted slots still hold their KV.
+Promotion: before a request is admitted, the leading prompt blocks the pool lacks but the host
+holds are written into free pool slots as cached blocks (`promote`), so the scheduler's prefix
+match finds them like any local hit: host memory instead of Redis or a recompute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ferry.engine.block_manager import BlockManager
+from ferry.engine.host_cache import HostBlockCache
+from ferry.model.kv_cache import PagedKVCache
+from ferry.protocol import hash_full_blocks
+
+
+class HostTier:
+    def __init__(self, cache: HostBlockCache, block_manager: BlockManager, kv: PagedKVCache) -> None:
+        self.cache = cache
+        self.block_manager = block_manager
+        self.kv = kv
+        self._evicted: list[tuple[int, bytes]] = []
+        block_manager.on_evict = self._on_evict
+
+    def _on_evict(self, block_id: int, block_hash: bytes) -> None:
+        self._evicted.append((block_id, block_hash))
+
+    def flush(self) -> None:
+        """Copy the blocks evicted since the last flush to the host; call before writing the pool."""
+        if not self._evicted:
+            return
+        data = self.kv.read_blocks([block_id for block_id, _ in self._evicted])  # [n, *block_shape]
+        for (_, block_hash), block in zip(self._evicted, data):
+            self.cache.put(block_hash, block)
+        self._evicted.clear()
+
+    def promote(self, token_ids: Sequence[int]) -> int:
+        """Load the prompt's leading blocks that only the host holds into free pool slots; how many."""
+        bm = self.block_manager
+        hashes = hash_full_blocks(token_ids, bm.block_size)[: (len(token_ids) - 1) // bm.block_size]
+        num_device = bm.num_leading_cached(hashes)
+        num_host = self.cache.num_leading(hashes, num_device)
+        # only as many as the free list holds beyond this prompt's own cached blocks: a longer run
+        # would evict the first promoted blocks (or the prompt's own) to make room for the last
+        num_host = min(num_host, bm.num_free_blocks - num_device)
+        if num_host <= 0:
+            return 0
+        bm.touch(hashes[:num_device])
+        block_ids, blocks = [], []
+        for block_hash in hashes[num_device : num_device + num_host]:
+            block_id = bm.adopt(block_hash)
+            if block_id is None:
+                break
+            block_ids.append(block_id)
+            block = self.cache.get(block_hash)
+            assert block is not None, "a hash the lookup counted left the host tier before it was adopted"
+            blocks.append(block)
+        self.flush()  # the adopted slots' previous blocks go to the host before they are overwritten
+        if block_ids:
+            self.kv.write_blocks(block_ids, torch.stack(blocks))
+        self.cache.num_hits += len(block_ids)
+        return len(block_ids)
+
+    def keep(self, block_hashes: Sequence[bytes], data: torch.Tensor) -> int:
+        """Fetched blocks ([n, *block_shape]) into host memory, unless the pool or the host has them
+        already; how many were new. They reach the pool when a request that needs them is admitted."""
+        num_new = 0
+        for block_hash, block in zip(block_hashes, data):
+            if self.block_manager.num_leading_cached([block_hash]) or block_hash in self.cache:
+                continue
+            self.cache.put(block_hash, block)
+            num_new += 1
+        return num_new
+
+    def num_leading(self, block_hashes: Sequence[bytes], start: int) -> int:
+        return self.cache.num_leading(block_hashes, start)

@@ -1,0 +1,92 @@
+"""Weights kept in int8 / int4: QuantLinear, and quantize_linears, which swaps a loaded model's weight
+matmuls for QuantLinears.
+
+Every projection of every layer (the fused q/k/v and gate/up matrices, o_proj, down_proj) and lm_head is
+quantized group-wise (ferry.kernels.quant_ref) and multiplies through ferry.kernels.quant_linear, which
+dequantizes in registers. The fp32 copies are dropped (the per-projection Linears whose weights were
+slices of a fused matrix become None), so the weights held are the quantized ones; the embedding table
+stays in the model dtype (a lookup reads one row per token), also when lm_head is tied to it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ferry.kernels.quant_linear import quant_matmul
+from ferry.kernels.quant_pack import CpuPacked, pack_for_cpu
+from ferry.kernels.quant_ref import DEFAULT_GROUP_SIZE, QuantizedWeight, quantize
+
+QUANT_BITS = {"int8": 8, "int4": 4}
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W.T + b for a group-wise quantized W; callable like Linear and FusedProjection."""
+
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.register_buffer("qweight", qw.qweight)
+        self.register_buffer("scales", qw.scales)
+        self.register_buffer("offsets", qw.offsets)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.qw = qw  # the same tensors, validated once (not per call)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None, bits: int, group_size: int) -> QuantLinear:
+        return cls(quantize(weight, bits, group_size), bias)
+
+    @property
+    def in_features(self) -> int:
+        return self.qw.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.qw.out_features
+
+    packed: CpuPacked | None = None
+    backend: str | None = None
+    """One of ATTENTION_BACKENDS, set with the attention layers' (CausalLM.set_attention_backend)."""
+
+    def prepack(self) -> None:
+        """On the CPU: the C++ kernel's column-blocked copy (quant_pack.py), beside the row-major codes that
+        the reference and the Triton kernel read (together ~2x the quantized bytes, still under fp32's)."""
+        if self.packed is None and self.qweight.device.type == "cpu":  # its parent's prepack may call it too
+            self.packed = pack_for_cpu(self.qw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        bias = self.bias
+        assert bias is None or isinstance(bias, torch.Tensor)
+        return quant_matmul(x, self.qw, bias, self.packed, self.backend)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, bits={self.qw.bits}, group={self.qw.group_size}"
+
+
+def _is_weight_matmul(value: object) -> bool:
+    from ferry.model.cpu_linear import FusedProjection, Linear
+
+    return isinstance(value, (Linear, FusedProjection))
+
+
+def quantize_linears(model: nn.Module, bits: int, group_size: int = DEFAULT_GROUP_SIZE) -> int:
+    """After fuse_projections: every Linear / FusedProjection of model becomes a QuantLinear (a Linear
+    whose weight is a slice of a fused matrix becomes None: the fused one does its matmuls). -> how many
+    matmuls were quantized. Refuses MLA models, whose attention reads kv_b_proj's weight directly."""
+    if getattr(getattr(model, "config", None), "is_mla", False):
+        raise ValueError("weights_dtype int8/int4: MLA (DeepSeek-style) models are not supported; use float32/bfloat16")
+    count = 0
+    for module in list(model.modules()):
+        for name, value in list(vars(module).items()) + list(module.named_children()):
+            if not _is_weight_matmul(value):
+                continue
+            if getattr(value, "is_fused", False):
+                setattr(module, name, None)
+                continue
+            setattr(module, name, QuantLinear.from_weight(value.weight, value.bias, bits, group_size))
+            count += 1
+    return count
+
+
+def quantized_bytes(model: nn.Module) -> int:
+    """Bytes of the quantized weights held by model's QuantLinears."""
+    return sum(m.qw.nbytes() for m in model.modules() if isinstance(m, QuantLinear))

@@ -1,0 +1,103 @@
+"""Multi-turn KV over real nats-server and redis-server (+ the kvcache service): a decode worker writes
+a finished turn's output blocks back to the store, the prefill-balancer asks the next turn's prefill
+worker to prefetch the blocks only the store holds, and the prefilled next turn finds its whole
+history local (pool + host tier) with the exact greedy tokens."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from test_kvcache_service import Running, healthy
+from test_prefix_reuse import PREFIX, client, tiny_model  # noqa: F401
+from test_worker_pipeline import GREEDY, System
+from waiting import wait_until
+
+from ferry.protocol import Cancel, KvPrefetch, SamplingParams, decode, encode, hash_full_blocks, subjects
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TURN_1 = PREFIX + list(range(3, 13))  # 74 tokens
+LONG = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+USER_2 = [21, 22, 23, 24, 25]
+
+
+@pytest.fixture
+async def system(nc, nats_url, redis_url, redis, tiny_model):
+    async with Running(nats_url, redis_url):
+        await healthy(nc)
+        system = System(nats_url, redis_url, tiny_model, host_kv_blocks=64)
+        await system.start()
+        await asyncio.sleep(0.5)  # first load reports reach the balancers
+        yield system
+        await system.stop()
+
+
+def expected_tokens(tiny_model, prompt):
+    from ferry.engine import EngineConfig, LLMEngine
+
+    engine = LLMEngine.from_model_path(tiny_model, EngineConfig(num_kv_blocks=128, enable_prefix_caching=False))
+    engine.add_request("ref", prompt, GREEDY)
+    tokens = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens.extend(out.new_token_ids)
+    return tokens
+
+
+async def serve(client, request_id, prompt, sampling=GREEDY):
+    assert (await client.submit(request_id, prompt, sampling)).accepted
+    await client.wait_finished([request_id])
+    assert client.errors == []
+    return client.tokens[request_id]
+
+
+async def test_next_turn_finds_its_history_prefetched(system, nc, client, tiny_model):
+    prefill, decode_worker = system.workers["prefill-t"], system.workers["decode-t"]
+    prefetches: list[KvPrefetch] = []
+
+    async def collect(msg) -> None:
+        prefetches.append(decode(msg.data))
+
+    await nc.subscribe(subjects.kv_prefetch(prefill.worker_id), cb=collect)
+    output_1 = await serve(client, "turn-1", TURN_1, LONG)
+    history = TURN_1 + output_1  # 114 tokens; the last one's KV is not computed
+    await wait_until(
+        lambda: decode_worker.num_written_back_blocks, "the decode worker wrote turn 1's output blocks back"
+    )
+    hashes = hash_full_blocks(history[:-1], 16)
+    written = hashes[len(TURN_1) // 16 :]  # from the block that holds the prompt's tail on
+    assert decode_worker.num_written_back_blocks == len(written)
+
+    turn_2 = history + USER_2
+    # the balancer's index learns the written blocks from the kvcache service's events
+    await wait_until(lambda: _only_in_store(system, prefill, turn_2), "the balancer knows the written-back blocks")
+    # the prefetch a routing would send, sent before the request, as a queued request would see it
+    await nc.publish(subjects.kv_prefetch(prefill.worker_id), encode(KvPrefetch("warm", prefill.namespace, written)))
+    await wait_until(
+        lambda: prefill.prefetcher.stats.num_fetched_blocks == len(written),
+        "the prefetch fetched every written-back block",
+    )
+
+    assert await serve(client, "turn-2", turn_2) == expected_tokens(tiny_model, turn_2)
+    tiers = prefill.prefix_blocks_by_tier
+    num_prompt_blocks = len(TURN_1) // 16
+    assert tiers["computed"] == num_prompt_blocks  # turn 1: nothing cached anywhere yet
+    assert (tiers["device"], tiers["host"], tiers["remote"]) == (num_prompt_blocks, len(written), 0)  # turn 2
+    routed = [p for p in prefetches if p.request_id == "turn-2"]
+    assert routed and routed[0].block_hashes == written  # routing asked for exactly the store-only blocks
+
+
+async def test_a_cancelled_requests_prefetch_is_dropped(system, nc):
+    prefill = system.workers["prefill-t"]
+    prefill.prefetcher._wake = asyncio.Event()  # park the loop's wake-up: the offer stays queued
+    await prefill.prefetcher.offer(KvPrefetch("gone", prefill.namespace, hash_full_blocks(PREFIX, 16)))
+    await nc.publish(subjects.CANCEL, encode(Cancel(["gone"])))
+    await wait_until(lambda: prefill.prefetcher.stats.num_dropped == 1, "the cancelled prefetch dropped")
+    assert prefill.prefetcher.stats.num_fetched_blocks == 0
+
+
+def _only_in_store(system, prefill, prompt):
+    balancer = next(s.__self__ for s in system.stoppers if type(s.__self__).__name__ == "PrefillBalancer")
+    hashes = hash_full_blocks(prompt, 16)[: (len(prompt) - 1) // 16]
+    return balancer.prefixes.only_in_store(prefill.namespace, prefill.worker_id, hashes)

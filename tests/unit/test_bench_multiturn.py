@@ -1,0 +1,56 @@
+"""The multi-turn bench's seeded conversations and its summary (the HTTP part runs in the bench)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ferry.bench.multiturn import ConversationConfig, TurnResult, make_conversations, summarize
+
+pytestmark = pytest.mark.unit
+
+
+def test_conversations_are_seeded_and_share_the_system_prompt():
+    config = ConversationConfig(num_users=3, num_turns=2, system_prompt_len=20, user_len_median=8, seed=5)
+    system, conversations = make_conversations(config)
+    again_system, again = make_conversations(config)
+    assert (system, conversations) == (again_system, again)
+    assert len(system) == 20 and len(conversations) == 3
+    for conv in conversations:
+        assert len(conv.messages) == len(conv.think_s) == 3  # one more for the turn after the restart
+        assert all(4 <= len(m) <= 32 for m in conv.messages)
+        assert all(3 <= t < config.vocab_size for m in conv.messages for t in m)
+    assert make_conversations(ConversationConfig(seed=6))[0] != make_conversations(ConversationConfig(seed=5))[0]
+
+
+def test_summary_has_ttft_per_turn_and_throughput():
+    results = [
+        TurnResult(0, 1, 100, True, 0.100, 1.0, 64),
+        TurnResult(1, 1, 100, True, 0.300, 1.0, 64),
+        TurnResult(0, 2, 200, True, 0.050, 1.0, 64),
+        TurnResult(1, 2, 200, False, error="HTTP 500"),
+    ]
+    summary = summarize(results, wall_s=4.0)
+    assert summary["ttft_ms_by_turn"]["1"]["p50"] == pytest.approx(200.0)
+    assert summary["ttft_ms_by_turn"]["2"]["count"] == 1
+    assert summary["ttft_ms_turn_2_on"]["p50"] == pytest.approx(50.0)
+    assert (summary["num_turns_ok"], summary["num_errors"], summary["errors"]) == (3, 1, ["HTTP 500"])
+    assert summary["output_tokens_per_s"] == pytest.approx(3 * 64 / 4.0)
+
+
+def test_bad_config_names_the_field():
+    with pytest.raises(ValueError, match="num_turns"):
+        ConversationConfig(num_turns=0)
+
+
+def test_report_renders_from_a_saved_report(tmp_path):
+    from pathlib import Path
+
+    from ferry.bench.multiturn_report import write_markdown, write_plot
+
+    saved = Path(__file__).parents[2] / "ops/bench/multiturn/20261204-answers96/multiturn.json"
+    report = __import__("json").loads(saved.read_text())
+    write_markdown(tmp_path / "README.md", report)
+    write_plot(tmp_path / "ttft.png", report)
+    text = (tmp_path / "README.md").read_text()
+    assert "| 2 | 96 | 58 | 1.66 |" in text and "**1.80x**" in text
+    assert (tmp_path / "ttft.png").stat().st_size > 1000

@@ -1,0 +1,86 @@
+"""Group-wise int8/int4 weights (ferry.kernels.quant_ref) and the C++ matmul that dequantizes them in
+registers (csrc/quant_linear.cpp) against the plain-torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ferry.kernels import cpu_decode
+from ferry.kernels.quant_linear import cpu_quant_matmul, quant_matmul
+from ferry.kernels.quant_pack import pack_for_cpu
+from ferry.kernels.quant_ref import QuantizedWeight, dequantize, pack_nibbles, quant_matmul_ref, quantize
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    assert cpu_decode.kernel() is not None, "the CPU kernels did not build (see the logged warning)"
+
+
+# int4: half a step (absmax / 16), except values of the other sign beyond 7.5 steps, clamped to 7 (absmax / 8)
+@pytest.mark.parametrize("bits, worst", [(8, 0.5 / 127), (4, 1 / 8)])
+def test_quantize_error_is_bounded_by_the_group_scale(bits, worst):
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(40, 256, generator=gen) * torch.linspace(0.01, 3.0, 40)[:, None]
+    qw = quantize(w, bits, 64)
+    err = (dequantize(qw) - w).abs().reshape(40, 4, 64).amax(-1)  # [N, groups]
+    absmax = w.abs().reshape(40, 4, 64).amax(-1)
+    assert (err <= absmax * worst * 1.0001 + 1e-7).all()
+    assert qw.nbytes() < w.numel() * (2 if bits == 4 else 1.2)
+
+
+def test_int4_codes_use_the_full_range_and_a_constant_group_is_exact():
+    w = torch.tensor([[-4.0, 1.0] * 16, [3.0] * 32])  # row 0: extreme -4 -> code 0; row 1: constant
+    qw = quantize(w, 4, 32)
+    assert torch.equal(dequantize(qw), w)
+    assert qw.qweight.shape == (2, 16) and qw.qweight.dtype == torch.uint8
+
+
+def test_int4_offsets_give_an_asymmetric_group_exactly():
+    """A GGUF Q4_1 group (w = u * d + m) keeps its offsets."""
+    codes = torch.arange(32, dtype=torch.uint8).remainder(16).reshape(1, 1, 32)
+    scales, offsets = torch.tensor([[0.5]]), torch.tensor([[10.0]])
+    qw = QuantizedWeight(pack_nibbles(codes, 1, 32), scales, offsets, 4, 32)
+    assert torch.equal(dequantize(qw), (codes.float() * 0.5 + 10.0).reshape(1, 32))
+
+
+def test_bad_shapes_and_settings_are_refused():
+    with pytest.raises(ValueError, match="group_size 64"):
+        quantize(torch.zeros(4, 96), 8, 64)
+    with pytest.raises(ValueError, match="group_size"):
+        quantize(torch.zeros(4, 96), 8, 48)
+    with pytest.raises(ValueError, match="bits"):
+        quantize(torch.zeros(4, 64), 3, 32)
+    with pytest.raises(ValueError, match="last dimension"):
+        quant_matmul(torch.zeros(2, 32), quantize(torch.zeros(4, 64), 8, 32))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 3, 8, 13])  # one pass of each width, and a pass plus a remainder
+def test_cpu_kernel_matches_the_reference(kernel, bits, group_size, rows):
+    gen = torch.Generator().manual_seed(bits * 1000 + group_size + rows)
+    w, x = torch.randn(70, 384, generator=gen), torch.randn(rows, 384, generator=gen)  # 70: a partial block
+    qw = quantize(w, bits, group_size)
+    torch.testing.assert_close(cpu_quant_matmul(x, pack_for_cpu(qw)), quant_matmul_ref(x, qw), atol=2e-4, rtol=1e-5)
+
+
+def test_cpu_kernel_applies_int4_offsets(kernel):
+    gen = torch.Generator().manual_seed(5)
+    qw = quantize(torch.randn(33, 128, generator=gen), 4, 32)
+    qw.offsets = torch.randn(33, 4, generator=gen)
+    x = torch.randn(5, 128, generator=gen)
+    torch.testing.assert_close(cpu_quant_matmul(x, pack_for_cpu(qw)), x @ dequantize(qw).T, atol=2e-4, rtol=1e-5)
+
+
+def test_quant_matmul_keeps_leading_dims_adds_bias_and_falls_back_for_bf16(kernel):
+    gen = torch.Generator().manual_seed(6)
+    qw, bias = quantize(torch.randn(24, 64, generator=gen), 8, 32), torch.randn(24, generator=gen)
+    x = torch.randn(2, 3, 64, generator=gen)
+    expected = x @ dequantize(qw).T + bias
+    torch.testing.assert_close(quant_matmul(x, qw, bias), expected, atol=2e-4, rtol=1e-5)
+    got_bf16 = quant_matmul(x.bfloat16(), qw, bias)
+    assert got_bf16.dtype == torch.bfloat16
+    torch.testing.assert_close(got_bf16.float(), expected, atol=0.1, rtol=0.05)
