@@ -52,20 +52,14 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """-> [B, vocab] float32 logits of each scheduled sequence's last new token."""
         with device_guard(self.device):
+            if self.graphs is not None and self.graphs.runs(batch.num_new_tokens):
+                return self.graphs.run(*_host_inputs(batch))
             return self.lm.model(*self.prepare(batch), self.kv)
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """-> the forward's input_ids [T], positions [T] and attention metadata for batch."""
-        input_ids: list[int] = []
-        context_lens: list[int] = []
-        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
-            start = seq.num_computed_tokens
-            input_ids.extend(seq.token_ids[start : start + num_new])
-            context_lens.append(start)
-        tables = [s.block_ids for s in batch.seqs]
+        input_ids, context_lens, tables = _host_inputs(batch)
         with device_guard(self.device):
-            if self.graphs is not None and self.graphs.runs(batch.num_new_tokens):
-                return self.graphs.run(input_ids, context_lens, tables)
             (ids, pos), meta = AttentionMetadata.build_with_inputs(  # one host-to-device copy per step
                 batch.num_new_tokens, context_lens, tables, self.block_size, input_ids, self.device
             )
@@ -93,3 +87,14 @@ class ModelRunner:
         for dim in probe.block_shape:
             numel *= dim
         return numel * probe.dtype.itemsize
+
+
+def _host_inputs(batch: ScheduledBatch) -> tuple[list[int], list[int], list[list[int]]]:
+    """-> the step's new token ids, each sequence's cached length and its block table."""
+    input_ids: list[int] = []
+    context_lens: list[int] = []
+    for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+        start = seq.num_computed_tokens
+        input_ids.extend(seq.token_ids[start : start + num_new])
+        context_lens.append(start)
+    return input_ids, context_lens, [s.block_ids for s in batch.seqs]

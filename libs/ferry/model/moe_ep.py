@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,7 +25,7 @@ from ferry.parallel.placement import ExpertPlacement
 Steps = Generator[None, None, torch.Tensor]
 
 
-def run_to_end(steps: Steps) -> torch.Tensor:
+def run_to_end(steps: Generator[None, None, Any]) -> Any:
     """Drives a steps generator without interleaving anything: each launch is waited on at once."""
     try:
         while True:

@@ -12,6 +12,7 @@ Sequences split at a sequence boundary, tokens as even as that allows; an empty 
 from __future__ import annotations
 
 from collections.abc import Generator
+from typing import Any
 
 import torch
 
@@ -49,6 +50,7 @@ def forward_steps(
     x = model.model.embed_tokens(ids)  # [T, hidden]
     has_tokens = len(ids) > 0
     cos, sin = model.rotary.cos_sin(pos, x.dtype) if has_tokens else (None, None)
+    layer: Any  # a decoder layer (nn.ModuleList yields Module)
     for layer in model.model.layers:
         if has_tokens:
             x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, meta, kv)
@@ -59,10 +61,11 @@ def forward_steps(
             x = x + layer.mlp(h)
     if not has_tokens:
         return None
+    assert meta is not None, "a forward with tokens has metadata"
     return model.lm_head(model.model.norm(x[meta.logits_indices])).float()
 
 
-def interleave(generators: list[Generator]) -> list:
+def interleave(generators: list[Generator[Any, None, Any]]) -> list:
     """Runs generators round-robin, one segment each in turn, until all are done; -> their results."""
     results: list = [None] * len(generators)
     active = list(range(len(generators)))
