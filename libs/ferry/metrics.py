@@ -26,11 +26,21 @@ are a public interface: add new ones freely, never rename or relabel an existing
 | ferry_worker_queue_depth | gauge | role, worker | balancers: work queued on each worker's JetStream consumer |
 | ferry_migrations_total | counter | reason | gateway: requests resubmitted after losing their worker (not errors) |
 | ferry_errors_total | counter | service, kind | everyone: errors (kind: exception class, ErrorReply code) |
+| ferry_batch_cap | gauge | role | workers: running-sequence cap in force (SLO controller's or fixed) |
+| ferry_chunk_budget_tokens | gauge | role | workers: prefill tokens the next step may add (SLO controller) |
+| ferry_step_model_ms | gauge | role, term | workers: learned step-time costs (see below) |
+| ferry_desired_replicas | gauge | role | workers: replicas of their role the forecast needs within the SLOs |
+| ferry_forecast_requests_per_second | gauge | source, kind | gateway: arrivals now (rate), forecast peak (forecast) |
+| ferry_slo_requests_total | counter | outcome | gateway: finished requests by SLO outcome (see below) |
 | ferry_model_info | gauge | role, model, arch, weights_dtype, checkpoint_dtype | workers: 1 for the model they serve |
 
 Migration reasons: worker_silent (no load reports), tokens_missing, bus_reconnect (the gateway's own
 bus), worker_lost (a worker said so). A request that runs out of attempts counts as an error too.
 
+Step model terms (ferry.slo.step_model): overhead, per_seq, per_100_prefill_tokens,
+per_1000_context_tokens, residual, predicted_step (the step at the cap in force, p90). SLO outcomes
+(FERRY_TPOT_SLO_MS / FERRY_TTFT_SLO_MS at the gateway): met, ttft_missed, tpot_missed, both_missed;
+attainment = rate(met) / rate(all outcomes).
 ferry_model_info's weights_dtype is what the weight matmuls hold (float32, bfloat16, int8, ...);
 checkpoint_dtype what the checkpoint stores (a GGUF's Q4_1, Q8_0, ...; a folder's torch dtype).
 
@@ -87,6 +97,14 @@ WORKER_QUEUE_DEPTH = Gauge(
 )
 MIGRATIONS = Counter("ferry_migrations", "Requests resubmitted after losing their worker.", ["reason"])
 ERRORS = Counter("ferry_errors", "Errors replied or logged, by service and kind.", ["service", "kind"])
+BATCH_CAP = Gauge("ferry_batch_cap", "Running-sequence cap in force on a worker.", ["role"])
+CHUNK_BUDGET = Gauge("ferry_chunk_budget_tokens", "Prefill tokens the next step may add.", ["role"])
+STEP_MODEL = Gauge("ferry_step_model_ms", "A worker's learned step-time costs (ms).", ["role", "term"])
+DESIRED_REPLICAS = Gauge(
+    "ferry_desired_replicas", "Replicas of a role the traffic forecast needs within the SLO targets.", ["role"]
+)
+FORECAST_RPS = Gauge("ferry_forecast_requests_per_second", "Arrival rate now and forecast peak.", ["source", "kind"])
+SLO_REQUESTS = Counter("ferry_slo_requests", "Finished requests by SLO outcome.", ["outcome"])
 MODEL_INFO = Gauge(
     "ferry_model_info",
     "1 for the model a worker serves: name, architecture, weights dtype of its matmuls, the checkpoint's dtype.",
@@ -114,6 +132,12 @@ ALL_METRICS = (
     WORKER_QUEUE_DEPTH,
     MIGRATIONS,
     ERRORS,
+    BATCH_CAP,
+    CHUNK_BUDGET,
+    STEP_MODEL,
+    DESIRED_REPLICAS,
+    FORECAST_RPS,
+    SLO_REQUESTS,
     MODEL_INFO,
 )
 """Every ferry metric object, for tests and for the dashboard check."""

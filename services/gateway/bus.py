@@ -1,12 +1,15 @@
 """The gateway's side of NATS: submit, cancel, and the two subscriptions it listens on.
 
 Reads `ferry.out.<gateway_id>` (OutputBatch -> RequestTracker) and `ferry.load.>` (LoadReport ->
-LiveWorkers); writes `ferry.submit` (request/reply) and `ferry.cancel`. Registered with NATS micro
-as service `gateway`, so `nats micro ls` shows every gateway replica and its subscriptions.
+LiveWorkers); writes `ferry.submit` (request/reply), `ferry.cancel` and, every
+FERRY_FORECAST_PUBLISH_S, `ferry.forecast.gateway-<gateway_id>` (TrafficForecast: traffic.py).
+Registered with NATS micro as service `gateway`, so `nats micro ls` shows every gateway replica
+and its subscriptions.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -29,6 +32,7 @@ from ferry.protocol import (
     subjects,
 )
 from ferry_services.gateway.tracker import RequestTracker
+from ferry_services.gateway.traffic import GatewayTraffic
 from ferry_services.gateway.workers import LiveWorkers
 
 log = logging.getLogger("ferry.gateway")
@@ -47,9 +51,12 @@ class SubmitFailed(Exception):
 
 
 class GatewayBus:
-    def __init__(self, gateway_id: str, submit_timeout_s: float = 5.0) -> None:
+    def __init__(self, gateway_id: str, submit_timeout_s: float = 5.0, traffic: GatewayTraffic | None = None) -> None:
         self.gateway_id = gateway_id
         self.submit_timeout_s = submit_timeout_s
+        self.traffic = traffic or GatewayTraffic(gateway_id)
+        """Arrivals, their forecast (published from start() on) and SLO outcomes: traffic.py."""
+        self._publisher: asyncio.Task | None = None
         self.tracker = RequestTracker()
         self.workers = LiveWorkers()
         self._nc: Client | None = None
@@ -71,12 +78,15 @@ class GatewayBus:
     async def start(self, nats_url: str, connect_timeout_s: float = 30.0) -> None:
         self._nc = await connect(nats_url, f"gateway-{self.gateway_id}", connect_timeout_s=connect_timeout_s)
         await self._service.start(self._nc)
+        self._publisher = asyncio.create_task(self.traffic.publish_loop(self._nc))
 
     async def stop(self) -> None:
         """Drain (cancels already published still go out); just close if the server is gone."""
         if self._nc is None:
             return
         nc, self._nc = self._nc, None
+        if self._publisher is not None:
+            self._publisher.cancel()
         await self._service.stop()
         await drain_or_close(nc)
 

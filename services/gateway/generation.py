@@ -64,6 +64,8 @@ class Generation:
         self._cancel_reason = "client_disconnected"
         self._accepted_at = 0.0
         self._last_event_at = 0.0
+        self._first_event_at = 0.0
+        self._num_tokens = 0
         self._retry_after_s = 1.0
 
     @property
@@ -93,6 +95,7 @@ class Generation:
         self._accepted_at = time.monotonic()
         self.bus.tracker.get(self.request_id).holder = reply.worker_id  # watched: see migration.py
         metrics.PROMPT_TOKENS.inc(len(self.request.prompt_token_ids))
+        self.bus.traffic.on_accepted(self.request)
 
     async def events(self) -> AsyncIterator[TokenEvent]:
         """Token events in order until the finishing one; raises APIError on error or timeout."""
@@ -138,11 +141,21 @@ class Generation:
         if event.token_ids:
             gap = metrics.INTER_TOKEN_LATENCY if self._last_event_at else metrics.TIME_TO_FIRST_TOKEN
             gap.observe(now - (self._last_event_at or self._accepted_at))
+            self._first_event_at = self._first_event_at or now
             self._last_event_at = now
+            self._num_tokens += len(event.token_ids)
             metrics.GENERATION_TOKENS.inc(len(event.token_ids))
         if event.finish_reason is not None:
             metrics.REQUESTS_FINISHED.labels(event.finish_reason).inc()
             metrics.E2E_REQUEST_LATENCY.observe(now - self._accepted_at)
+            self._count_slo()
+
+    def _count_slo(self) -> None:
+        if not self._first_event_at:
+            return  # finished without a token: no latency to judge
+        ttft = self._first_event_at - self._accepted_at
+        tpot = (self._last_event_at - self._first_event_at) / (self._num_tokens - 1) if self._num_tokens > 1 else None
+        self.bus.traffic.on_finished(ttft, tpot)
 
     def _count_failure(self, kind: str) -> None:
         metrics.REQUESTS_FINISHED.labels("error").inc()

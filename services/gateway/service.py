@@ -13,12 +13,14 @@ import signal
 import uvicorn
 
 from ferry.metrics import start_metrics_server
+from ferry.slo import ForecastConfig
 from ferry_services.gateway.app import create_app
 from ferry_services.gateway.auth import ApiKeys, exposure_problem, is_loopback
 from ferry_services.gateway.bus import GatewayBus
 from ferry_services.gateway.convert import ModelLimits
 from ferry_services.gateway.settings import GatewaySettings
 from ferry_services.gateway.tokenizer import ModelInfo, load_model_info
+from ferry_services.gateway.traffic import GatewayTraffic
 
 log = logging.getLogger("ferry.gateway")
 
@@ -54,7 +56,13 @@ async def serve(settings: GatewaySettings) -> int:
         info = load_model_info(settings.model)
     except (FileNotFoundError, ValueError) as exc:  # a bad checkpoint: one clear line, no traceback
         raise SystemExit(f"gateway: FERRY_MODEL {settings.model}: {exc}") from None
-    bus = GatewayBus(settings.gateway_id, settings.submit_timeout_s)
+    forecast = ForecastConfig(
+        interval_s=settings.forecast_interval_s, season_intervals=settings.forecast_season_intervals
+    )
+    traffic = GatewayTraffic(
+        settings.gateway_id, settings.ttft_slo_ms, settings.tpot_slo_ms, forecast, settings.forecast_publish_s
+    )
+    bus = GatewayBus(settings.gateway_id, settings.submit_timeout_s, traffic)
     await bus.start(settings.nats_url)
     app = create_app(settings, info.tokenizer, model_limits(settings, info), bus)
     start_metrics_server(settings.metrics_port)

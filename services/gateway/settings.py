@@ -38,6 +38,11 @@ class GatewaySettings(ServiceSettings):
     api_key_file: str = Field(default="", description="file with one accepted key per line (adds to api_keys)")
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1, description="larger request bodies get 413")
     max_attempts: int = Field(default=3, ge=1, description="tries per request, migrations included")
+    tpot_slo_ms: float = Field(default=0.0, ge=0, description="TPOT target of ferry_slo_requests; 0 = not counted")
+    ttft_slo_ms: float = Field(default=2000.0, gt=0, description="TTFT target of ferry_slo_requests_total")
+    forecast_interval_s: float = Field(default=60.0, gt=0, description="arrivals are counted per interval of this")
+    forecast_season_intervals: int = Field(default=1440, ge=1, description="intervals in one day (Holt-Winters)")
+    forecast_publish_s: float = Field(default=5.0, gt=0, description="seconds between published forecasts")
 
     @property
     def model_name(self) -> str:

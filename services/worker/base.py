@@ -23,7 +23,7 @@ from nats.aio.client import Client
 
 from ferry import metrics
 from ferry.bus import Service, WorkConsumer, WorkItem, raise_if_cancelled, trace
-from ferry.protocol import Cancel, ErrorEvent, GenerateRequest, OutputBatch, encode, subjects
+from ferry.protocol import Cancel, ErrorEvent, GenerateRequest, OutputBatch, TrafficForecast, encode, subjects
 from ferry_services.worker.compute import ComputeThread
 from ferry_services.worker.events import batch_by_gateway
 from ferry_services.worker.handoff import HandoffSender
@@ -32,6 +32,7 @@ from ferry_services.worker.ledger import Admit, Effects, Held, RequestLedger, en
 from ferry_services.worker.pulling import Pulling, open_work_consumer
 from ferry_services.worker.reports import Reporting, describe_engine
 from ferry_services.worker.settings import WorkerSettings
+from ferry_services.worker.slo import WorkerSlo
 from ferry_services.worker.stats import WorkStats
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,10 @@ RETRY_ADMIT_S = 0.5
 """A message refused for want of room now goes back to the queue for this long."""
 HALT_TIMEOUT_S = 5.0
 """Most time shutdown waits for the step in flight (and the publishing of its tokens) to end."""
+
+
+class _Fetch:
+    """`Worker.admit`'s default: fetch the KV there."""
 
 
 class Worker(Pulling, Reporting, abc.ABC):
@@ -59,7 +64,9 @@ class Worker(Pulling, Reporting, abc.ABC):
     decodes = False
     """A prefill worker that decodes what it prefilled (both.py): its load reports say so."""
 
-    def __init__(self, nc: Client, settings: WorkerSettings, engine: Any, store: Any) -> None:
+    def __init__(
+        self, nc: Client, settings: WorkerSettings, engine: Any, store: Any, compute: ComputeThread | None = None
+    ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.settings = settings
@@ -67,7 +74,8 @@ class Worker(Pulling, Reporting, abc.ABC):
         self.engine = engine
         self.store = store
         self.namespace = store.namespace
-        self.compute = ComputeThread(engine)
+        self.compute = compute or ComputeThread(engine)
+        """The engine's thread; pass the one the engine was built on (compute.py says why)."""
         self.ledger = RequestLedger()
         is_cancelled = self.ledger.cancelled.__contains__
         self.handoffs = HandoffSender(nc, store, self.worker_id, settings.block_size, is_cancelled)
@@ -88,6 +96,8 @@ class Worker(Pulling, Reporting, abc.ABC):
             metadata={"worker_id": self.worker_id, "model": settings.model_name},
         )
         self.service.subscribe(subjects.CANCEL, Cancel, self.on_cancel)
+        self.slo = WorkerSlo(settings, self.role)  # the SLO controller (slo.py); off without FERRY_TPOT_SLO_MS
+        self.service.subscribe(subjects.FORECAST_ALL, TrafficForecast, self.slo.on_forecast)
         self.work_stats = WorkStats(self)  # pulled work, steps, tokens, backlog in `nats micro stats`
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -170,7 +180,9 @@ class Worker(Pulling, Reporting, abc.ABC):
     def step(self) -> Any:
         """Runs on the engine thread."""
         trace.hop("*", f"{self.role[0]}w.step_start")
+        self.slo.before_step(self.engine)
         outputs = self.engine.step()
+        self.slo.after_step(self.engine)
         trace.hop("*", f"{self.role[0]}w.step_end")
         return outputs
 
@@ -189,23 +201,33 @@ class Worker(Pulling, Reporting, abc.ABC):
         await self.nc.publish(subjects.out(request.gateway_id), encode(OutputBatch(self.worker_id, errors=[error])))
 
     # ---- pulled work: one way in -------------------------------------------------------------
-    async def accept(self, item: WorkItem) -> None:
-        """Every pulled message enters here: the ledger decides what it is, the rest follows."""
+    async def accept(self, items: list[WorkItem]) -> None:
+        """Every pulled message enters here, a fetched batch at a time: the ledger decides each in
+        pull order, then the new ones are admitted. In-order roles (prefill) fetch their KV one by one,
+        then queue every addition on the engine thread before the next step can be queued: a burst's
+        prompts are prefilled together, in steps of up to max_batch_tokens, not one step per prompt."""
+        works = [item.msg for item in items if await self._is_new(item)]
+        if not self.admits_in_pull_order:
+            for work in works:
+                self.spawn(self.admit(work))
+            return
+        kvs = [await self.fetch_kv(work) for work in works]
+        # gather starts the admissions in order; each queues its addition before it first waits
+        await asyncio.gather(*(self.admit(work, kv) for work, kv in zip(works, kvs)))
+
+    async def _is_new(self, item: WorkItem) -> bool:
         request = item.msg.request
         trace.hop(request.request_id, f"{self.role[0]}w.pulled")
+        self.slo.on_pulled(request)
         admission = self.ledger.pulled(request, item)
         await self.apply(admission.effects)
-        if admission.decision is not Admit.NEW:
-            return
-        if self.admits_in_pull_order:
-            await self.admit(item.msg)
-        else:
-            self.spawn(self.admit(item.msg))
+        return admission.decision is Admit.NEW
 
-    async def admit(self, work: Any) -> None:
-        """Fetch what KV there is (the running batch keeps stepping meanwhile), then join the engine."""
+    async def admit(self, work: Any, kv: FetchedKV | type[_Fetch] | None = _Fetch) -> None:
+        """Fetch what KV there is unless given (the running batch keeps stepping meanwhile), then join the engine."""
         request: GenerateRequest = work.request
-        kv = await self.fetch_kv(work)
+        if kv is _Fetch:
+            kv = await self.fetch_kv(work)
         try:
             joined = await self.add_to_engine(request, join, self.engine, request, kv, self.kv_is_optional)
         except ValueError as exc:  # does not fit this engine: the client's fault, not retryable

@@ -86,6 +86,9 @@ class Prefetcher:
             self._running = (request_id, task)
             try:
                 await asyncio.wait([task])
+            except asyncio.CancelledError:  # shutting down: stop the fetch too
+                task.cancel()
+                raise
             finally:
                 self._running = None
             if not task.cancelled() and task.exception() is not None:

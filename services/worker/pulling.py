@@ -1,5 +1,5 @@
 """How a worker takes work: a pull loop over its durable JetStream consumer that fetches as many
-queued messages as there is room for (variable-size batches) and hands each to `Worker.accept`.
+queued messages as there is room for (variable-size batches) and hands them to `Worker.accept`.
 Part of `Worker` (base.py). The consumer is opened before the model loads (`open_work_consumer`)
 and recreated if it disappears (JetStream restarted, or a balancer took this worker for dead).
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from nats.js import JetStreamContext
 from nats.js.errors import ServiceUnavailableError
@@ -35,8 +36,9 @@ class Pulling:
     js: JetStreamContext
     consumer: WorkConsumer | None
     ledger: RequestLedger
+    engine: Any
     has_room: asyncio.Event
-    accept: Callable[[WorkItem], Awaitable[None]]
+    accept: Callable[[list[WorkItem]], Awaitable[None]]
 
     async def pull_loop(self) -> None:
         assert self.consumer is not None, "start() first"
@@ -52,8 +54,7 @@ class Pulling:
             except ServiceUnavailableError:  # our consumer is gone: JetStream restarted, or a balancer took us for dead
                 await self.restore_consumer()
                 continue
-            for item in items:
-                await self.accept(item)
+            await self.accept(items)
 
     async def restore_consumer(self) -> None:
         """Recreate this worker's durable consumer (idempotent); the bound pull subscription then
@@ -66,8 +67,10 @@ class Pulling:
             await asyncio.sleep(FETCH_WAIT_S)
 
     def pull_budget(self) -> int:
-        """How many more messages to pull now; the role refines it."""
-        return self.settings.max_running - len(self.ledger)
+        """How many more messages to pull now, under the engine's cap in force (the SLO controller's,
+        or the fixed one): what the cap leaves out stays in JetStream for other workers; the role
+        refines it."""
+        return self.engine.max_num_seqs - len(self.ledger)
 
 
 async def open_work_consumer(js: JetStreamContext, settings: WorkerSettings) -> WorkConsumer:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from nats.aio.client import Client
 
@@ -17,6 +18,7 @@ from ferry.protocol import LoadReport, encode, subjects
 from ferry_services.worker.compute import ComputeThread
 from ferry_services.worker.ledger import RequestLedger
 from ferry_services.worker.settings import WorkerSettings
+from ferry_services.worker.slo import WorkerSlo
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,8 @@ class Reporting:
     nc: Client
     compute: ComputeThread
     ledger: RequestLedger
+    engine: Any
+    slo: WorkerSlo
     consumer: WorkConsumer | None
 
     def __init__(self, weights_dtype: str = "") -> None:
@@ -78,7 +82,7 @@ class Reporting:
             num_queued_prefill_tokens=stats.num_queued_prefill_tokens,
             kv_blocks_used=stats.kv_blocks_used,
             kv_blocks_total=stats.kv_blocks_total,
-            max_running=self.settings.max_running,
+            max_running=self.engine.max_num_seqs,  # the SLO controller's cap when it runs
             block_size=self.settings.block_size,
             draining=self.ledger.draining,
             weights_dtype=self.weights_dtype,
@@ -107,6 +111,7 @@ class Reporting:
         num_cached = self.compute.stats.num_cached_tokens
         metrics.PREFIX_CACHE_HITS.labels(self.role).inc(max(0, num_cached - self._num_cached_reported))
         self._num_cached_reported = num_cached
+        self.slo.update_metrics(self.engine)
 
 
 def describe_engine(engine, settings: WorkerSettings) -> str:

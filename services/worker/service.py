@@ -10,13 +10,13 @@ so an autoscaler counting the consumer's pending messages never sees a replica w
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from ferry.bus import connect, ensure_work_stream, run_service
 from ferry.kvstore import KvStore, RedisTransport
 from ferry.metrics import start_metrics_server
 from ferry_services.worker.base import Worker, open_work_consumer
+from ferry_services.worker.compute import ComputeThread
 from ferry_services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -30,8 +30,8 @@ def build_engine(settings: WorkerSettings):
         block_size=settings.block_size,
         num_kv_blocks=settings.num_kv_blocks,
         host_cache_blocks=settings.host_kv_blocks,
-        max_num_seqs=settings.max_running,
-        max_num_batched_tokens=max(settings.max_batch_tokens, settings.max_running),
+        max_num_seqs=settings.max_num_seqs or settings.max_running,
+        max_num_batched_tokens=max(settings.max_batch_tokens, settings.max_num_seqs or settings.max_running),
         role=settings.role,
         device=settings.device,
         dtype=settings.dtype or None,
@@ -39,33 +39,48 @@ def build_engine(settings: WorkerSettings):
         kv_cache_dtype=settings.kv_cache_dtype or None,
     )
     try:
-        return LLMEngine.from_model_path(settings.model, config)
+        engine = LLMEngine.from_model_path(settings.model, config)
     except (FileNotFoundError, ValueError) as exc:  # a bad checkpoint: one clear line, no traceback
         raise SystemExit(f"ferry worker: FERRY_MODEL {settings.model}: {exc}") from None
+    engine.warmup()  # kernels compiled and decode graphs captured before the first pull
+    return engine
 
 
-def make_worker(nc, settings: WorkerSettings, engine, store) -> Worker:
+def check_model(model: str) -> None:
+    """Refuse a checkpoint ferry cannot run before touching NATS: its config (a GGUF: its architecture and
+    every tensor's type, read once and kept for the load)."""
+    from ferry.model.config import read_config
+
+    try:
+        read_config(model)
+    except (FileNotFoundError, ValueError) as exc:
+        raise SystemExit(f"ferry worker: FERRY_MODEL {model}: {exc}") from None
+
+
+def make_worker(nc, settings: WorkerSettings, engine, store, compute: ComputeThread | None = None) -> Worker:
     if settings.role == "both":
         from ferry_services.worker.both import BothWorker
 
-        return BothWorker(nc, settings, engine, store)
+        return BothWorker(nc, settings, engine, store, compute)
     if settings.role == "prefill":
         from ferry_services.worker.prefill import PrefillWorker
 
-        return PrefillWorker(nc, settings, engine, store)
+        return PrefillWorker(nc, settings, engine, store, compute)
     from ferry_services.worker.decode import DecodeWorker
 
-    return DecodeWorker(nc, settings, engine, store)
+    return DecodeWorker(nc, settings, engine, store, compute)
 
 
 async def serve(settings: WorkerSettings) -> int:
     """Run one worker until SIGTERM/SIGINT; the exit status."""
     if not settings.model:
         raise SystemExit("ferry worker: FERRY_MODEL must name a checkpoint folder, a .gguf file or smollm2")
+    check_model(settings.model)
     nc = await connect(settings.nats_url, f"worker-{settings.worker_id}")
     await ensure_work_stream(nc.jetstream(), replicas=settings.work_replicas)
     consumer = await open_work_consumer(nc.jetstream(), settings)  # before the (slow) model load
-    engine = await asyncio.to_thread(build_engine, settings)
+    compute = ComputeThread()
+    engine = await compute.load(build_engine, settings)  # on the thread that will run every step
     log.info(
         "%s worker %s: model %s (%s), %d KV blocks",
         settings.role,
@@ -75,7 +90,7 @@ async def serve(settings: WorkerSettings) -> int:
         engine.stats().kv_blocks_total,
     )
     transport = RedisTransport(settings.redis_url)
-    worker = make_worker(nc, settings, engine, KvStore(transport, engine.kv_namespace))
+    worker = make_worker(nc, settings, engine, KvStore(transport, engine.kv_namespace), compute)
     await worker.start(consumer)
     start_metrics_server(settings.metrics_port)
     try:

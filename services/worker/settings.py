@@ -39,6 +39,18 @@ class WorkerSettings(ServiceSettings):
     )
     max_running: int = Field(default=64, ge=1, description="most sequences in the engine at once")
     max_batch_tokens: int = Field(default=2048, ge=1, description="token budget of one engine step")
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        description="a fixed running-sequence cap: no SLO controller (unset: max_running, adaptive when "
+        "FERRY_TPOT_SLO_MS is set)",
+    )
+    tpot_slo_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="inter-token latency target; > 0 turns on the SLO controller (cap and chunk budget per step)",
+    )
+    ttft_slo_ms: float = Field(default=2000.0, gt=0, description="time-to-first-token target of the SLO controller")
     load_interval_s: float = Field(default=1.0, gt=0, description="seconds between load reports")
     device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:1, ...")
     dtype: str = Field(default="", description="model dtype (float32, bfloat16, ...); '' keeps the checkpoint's")
@@ -80,6 +92,11 @@ class WorkerSettings(ServiceSettings):
     def work_role(self) -> str:
         """The role whose work subjects, consumer and load reports this worker uses ('both' pulls prefill work)."""
         return "prefill" if self.role == "both" else self.role
+
+    @property
+    def is_adaptive(self) -> bool:
+        """The SLO controller sets the cap and chunk budget (a TPOT target, no fixed cap)."""
+        return self.tpot_slo_ms > 0 and self.max_num_seqs is None
 
     @property
     def model_name(self) -> str:

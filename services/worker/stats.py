@@ -6,7 +6,8 @@ is one request on the `work` input, its processing time runs from the pull to it
 nak or term, whichever comes first: how long the work stayed here), and a message that did not
 decode (the consumer logs and terminates it) is one error. The input's `data` carries what the
 engine did and holds: steps, tokens generated, mean batch size, running / waiting sequences, the
-JetStream backlog and KV-cache usage.
+JetStream backlog and KV-cache usage, and `slo`: the batch cap in force and, with the SLO
+controller on, its step-time model, chunk budget, forecast and desired replicas.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class WorkStats:
             "draining": report.draining,
             "host_kv_blocks": engine.num_host_blocks,
             "host_kv_hit_blocks": engine.num_host_hit_blocks,
+            "slo": self.worker.slo.snapshot(self.worker.engine),
         }
         tiers = getattr(self.worker, "prefix_blocks_by_tier", None)
         if tiers is not None:  # a prefill worker: its admitted prompts' leading blocks, by tier

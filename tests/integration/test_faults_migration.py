@@ -10,6 +10,7 @@ import time
 
 import pytest
 from prometheus_client import REGISTRY
+from waiting import wait_until
 
 from ferry.protocol import (
     Cancel,
@@ -54,7 +55,10 @@ class Cluster:
         await self.nc.subscribe(subjects.SUBMIT, cb=self._on_submit)
         await self.nc.subscribe(subjects.CANCEL, cb=self._on_cancel)
         self._tasks.append(asyncio.create_task(self._report_forever()))
-        await asyncio.sleep(2 * INTERVAL_S)
+        await wait_until(  # set self.bus (the gateway's) first
+            lambda: all(self.bus.workers.silent_for(w, time.monotonic()) is not None for w in self.alive),
+            "every worker's load report reaches the gateway",
+        )
 
     async def _on_submit(self, msg) -> None:
         request = decode(msg.data, SubmitRequest).request
@@ -111,8 +115,8 @@ async def cluster(nc, nats_url):
     cluster = Cluster(nc)
     bus = GatewayBus(GATEWAY, submit_timeout_s=2.0)
     await bus.start(nats_url)
-    await cluster.start()
     cluster.bus = bus
+    await cluster.start()
     yield cluster
     await cluster.stop()
     await bus.stop()
@@ -125,13 +129,6 @@ def request(max_tokens: int = 6) -> GenerateRequest:
 async def collect(gen: Generation, into: list[int]) -> None:
     async for event in gen.events():
         into.extend(event.token_ids)
-
-
-async def until(predicate, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        await asyncio.sleep(0.01)
 
 
 def _migrations(reason: str) -> float:
@@ -150,10 +147,10 @@ async def test_a_silent_holder_is_migrated_with_the_tokens_so_far(cluster):
     reader = asyncio.create_task(collect(gen, got))
     await cluster.send("p1", 0, [10], attempt=0)
     await cluster.send("d1", 1, [11, 12], attempt=0)
-    await until(lambda: got == [10, 11, 12])
+    await wait_until(lambda: got == [10, 11, 12], "got == [10, 11, 12]", 5.0)
     del cluster.alive["d1"]  # SIGKILL: its reports stop
     cluster.alive["d2"] = "decode"
-    await until(lambda: len(cluster.submitted) == 2)
+    await wait_until(lambda: len(cluster.submitted) == 2, "len(cluster.submitted) == 2", 5.0)
     again = cluster.submitted[1]
     assert again.attempt == 1 and again.output_token_ids == [10, 11, 12] and again.prompt_token_ids == [1, 2, 3]
     assert any(c.below_attempt == 1 and c.request_ids == ["r1"] for c in cluster.cancels)
@@ -176,7 +173,7 @@ async def test_a_gap_in_the_tokens_is_redone_not_shown(cluster):
     reader = asyncio.create_task(collect(gen, got))
     await cluster.send("p1", 0, [10, 11], attempt=0)
     await cluster.send("p1", 3, [13], attempt=0)  # token 2 went missing
-    await until(lambda: len(cluster.submitted) == 2)
+    await wait_until(lambda: len(cluster.submitted) == 2, "len(cluster.submitted) == 2", 5.0)
     assert cluster.submitted[1].output_token_ids == [10, 11] and cluster.submitted[1].attempt == 1
     await cluster.send("p2", 2, [12, 13, 14, 15], attempt=1, finish="length")
     await asyncio.wait_for(reader, 5)
@@ -193,14 +190,18 @@ async def test_attempts_are_bounded_then_a_clear_503(cluster):
     await cluster.send("p1", 0, [10], attempt=0)
     error = ErrorEvent("r1", "worker_lost", "decode worker went away", retryable=True, attempt=0)
     await cluster.nc.publish(subjects.out(GATEWAY), encode(OutputBatch("d1", errors=[error])))
-    await until(lambda: len(cluster.submitted) == 2)
+    await wait_until(lambda: len(cluster.submitted) == 2, "len(cluster.submitted) == 2", 5.0)
     del cluster.alive["p2"]  # the second holder dies too: no third try
     with pytest.raises(APIError) as info:
         await asyncio.wait_for(reader, 5)
     assert info.value.status == 503 and info.value.code == "worker_lost"
     assert "2 attempt(s)" in info.value.message and got == [10]
     await gen.close()
-    await until(lambda: any(c.below_attempt is None for c in cluster.cancels))  # everything freed
+    await wait_until(
+        lambda: any(c.below_attempt is None for c in cluster.cancels),
+        "any(c.below_attempt is None for c in cluster.cancels)",
+        5.0,
+    )  # everything freed
 
 
 async def test_a_refused_resubmit_is_tried_again_as_the_next_attempt(cluster):
@@ -212,7 +213,7 @@ async def test_a_refused_resubmit_is_tried_again_as_the_next_attempt(cluster):
     await cluster.send("p1", 0, [10], attempt=0)
     error = ErrorEvent("r1", "worker_lost", "decode worker went away", retryable=True, attempt=0)
     await cluster.nc.publish(subjects.out(GATEWAY), encode(OutputBatch("d1", errors=[error])))
-    await until(lambda: len(cluster.submitted) == 3)
+    await wait_until(lambda: len(cluster.submitted) == 3, "len(cluster.submitted) == 3", 5.0)
     assert [r.attempt for r in cluster.submitted] == [0, 1, 2]
     assert any(c.below_attempt == 2 and "resubmit refused (no_workers)" in c.reason for c in cluster.cancels)
     await cluster.send("p2", 1, [11, 12], attempt=2, finish="length")
@@ -257,12 +258,12 @@ async def test_silence_after_the_gateway_reconnects_is_resubmitted(tmp_path):
         got: list[int] = []
         reader = asyncio.create_task(collect(gen, got))
         await cluster.send("d1", 0, [10, 11], attempt=0)
-        await until(lambda: got == [10, 11])
+        await wait_until(lambda: got == [10, 11], "got == [10, 11]", 5.0)
         server.stop()
         await asyncio.sleep(1.0)  # > 3 report intervals with nobody heard
         assert len(cluster.submitted) == 1, "a worker was judged lost during the gateway's own outage"
         server = start_nats(port=server.port, store_dir=tmp_path / "nats")
-        await until(lambda: len(cluster.submitted) == 2, timeout_s=10)
+        await wait_until(lambda: len(cluster.submitted) == 2, "len(cluster.submitted) == 2", 10)
         again = cluster.submitted[1]
         assert again.attempt == 1 and again.output_token_ids == [10, 11]
         await cluster.send("p2", 2, [12, 13, 14, 15], attempt=1, finish="length")

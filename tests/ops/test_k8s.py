@@ -248,7 +248,13 @@ def test_scaled_objects_scale_workers_on_a_backlog_that_cannot_run_away(scaled):
         t for t in spec["triggers"] if t["type"] == "nats-jetstream"
     ]  # reads last_seq when a consumer is missing
 
-    (trigger,) = [t for t in spec["triggers"] if t["type"] == "prometheus"]
+    queries = {t["metadata"]["query"]: t for t in spec["triggers"] if t["type"] == "prometheus"}
+    (trigger,) = [t for q, t in queries.items() if "ferry_worker_queue_depth" in q]
+    (desired,) = [t for q, t in queries.items() if "ferry_desired_replicas" in q]
+    assert desired["metadata"]["query"] == f'max(ferry_desired_replicas{{role="{role}"}})'
+    assert desired["metricType"] == "AverageValue" and desired["metadata"]["threshold"] == "1"
+    assert desired["metadata"]["ignoreNullValues"] == "true"  # controller off: no series, the backlog decides
+    assert "ferry_desired_replicas" in metrics.metric_names()
     meta = trigger["metadata"]
     assert trigger["metricType"] == "AverageValue"  # KEDA's fallback needs AverageValue
     assert meta["ignoreNullValues"] == "false" and int(meta["threshold"]) > 0

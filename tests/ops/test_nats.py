@@ -278,3 +278,21 @@ async def test_a_worker_can_touch_nothing_in_jetstream_but_its_own_queue(server_
     assert (await worker.nc.jetstream().consumer_info("FERRY_WORK", "prefill-w1")).num_pending == 1
     await admin.nc.close()
     await worker.nc.close()
+
+
+async def test_balancers_reach_workers_with_prefetch_and_resync(server_port):
+    balancer = await _as(server_port, "prefill_balancer")
+    worker, kvcache = await _as(server_port, "worker"), await _as(server_port, "kvcache")
+    prefetches = await worker.nc.subscribe("ferry.kv.prefetch.w1")
+    resyncs = await worker.nc.subscribe("ferry.kv.resync")
+    store_resyncs = await kvcache.nc.subscribe("ferry.kv.resync")
+    await _sync(worker.nc)
+    await _sync(kvcache.nc)
+    await balancer.nc.publish("ferry.kv.prefetch.w1", b"blocks")
+    await balancer.nc.publish("ferry.kv.resync", b"republish")
+    assert (await prefetches.next_msg(timeout=2)).data == b"blocks"
+    assert (await resyncs.next_msg(timeout=2)).data == b"republish"
+    assert (await store_resyncs.next_msg(timeout=2)).data == b"republish"
+    assert await worker.violations() == [] and await balancer.violations() == []
+    for client in (balancer, worker, kvcache):
+        await client.nc.close()

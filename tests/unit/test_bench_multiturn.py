@@ -40,3 +40,17 @@ def test_summary_has_ttft_per_turn_and_throughput():
 def test_bad_config_names_the_field():
     with pytest.raises(ValueError, match="num_turns"):
         ConversationConfig(num_turns=0)
+
+
+def test_report_renders_from_a_saved_report(tmp_path):
+    from pathlib import Path
+
+    from ferry.bench.multiturn_report import write_markdown, write_plot
+
+    saved = Path(__file__).parents[2] / "ops/bench/multiturn/20261204-answers96/multiturn.json"
+    report = __import__("json").loads(saved.read_text())
+    write_markdown(tmp_path / "README.md", report)
+    write_plot(tmp_path / "ttft.png", report)
+    text = (tmp_path / "README.md").read_text()
+    assert "| 2 | 96 | 58 | 1.66 |" in text and "**1.80x**" in text
+    assert (tmp_path / "ttft.png").stat().st_size > 1000

@@ -71,3 +71,13 @@ def test_bad_limits_name_the_field(lm):
         eng.set_limits(max_num_seqs=0)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         eng.set_limits(max_num_batched_tokens=0)
+
+
+def test_prefill_backlog_lists_prompts_not_prefilled_in_scheduling_order(lm):
+    eng = LLMEngine(lm, EngineConfig(num_kv_blocks=256, max_num_seqs=2, max_num_batched_tokens=24))
+    for i, when in enumerate((1.0, 2.0, 3.0)):
+        eng.add_request(f"r{i}", [5 + 30 * i + j for j in range(20)], GREEDY, arrival_time=when)
+    assert eng.prefill_backlog() == [(1.0, 20), (2.0, 20), (3.0, 20)]
+    eng.step()  # r0 whole (20), r1's first 4 tokens; r2 waits for a slot
+    assert eng.prefill_backlog() == [(2.0, 16), (3.0, 20)]
+    assert eng.decode_load() == (1, 20)  # r0 decodes next over its 20 cached tokens

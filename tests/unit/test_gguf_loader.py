@@ -164,3 +164,19 @@ def test_bench_sizes_its_workload_from_a_gguf(llama_gguf):
     from ferry.bench.cli import _model_vocab
 
     assert _model_vocab(str(llama_gguf)) == GgufFile(llama_gguf).config.vocab_size == 512
+
+
+@pytest.mark.parametrize("service", ["worker", "gateway"])
+def test_services_refuse_a_bad_gguf_at_start_in_one_line(llama_gguf, tmp_path, service):
+    """Before any NATS connection (none answers here): one line naming the tensor and its type."""
+    import os
+
+    bad = _rewrite(llama_gguf, tmp_path / "q5.gguf", tensor_type=Q.Q5_0)
+    env = dict(
+        os.environ, FERRY_MODEL=str(bad), FERRY_NATS_URL="nats://127.0.0.1:1", FERRY_REDIS_URL="redis://127.0.0.1:1"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", f"ferry_services.{service}"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "'blk.0.ffn_down.weight' has type Q5_0" in result.stderr

@@ -40,14 +40,39 @@ def test_longer_contexts_and_tighter_targets_lower_the_cap():
 
 
 def test_chunk_budget_shrinks_as_decodes_fill_the_step():
-    ctl = SloController(trained(), SloTargets(tpot_ms=40.0, ttft_ms=400.0))
+    ctl = SloController(trained(), SloTargets(tpot_ms=40.0, ttft_ms=400.0), ControllerLimits(max_itl_factor=1.0))
     few, many = ctl.chunk_budget(2, 400), ctl.chunk_budget(20, 20 * 200)
     assert many < few
     assert machine_ms(21, many, 4000) <= 40.0 < machine_ms(21, many + 8, 4000)  # within a few tokens
     alone = ctl.chunk_budget(0, 0)  # nobody decoding: only TTFT counts, half of it per step
     assert machine_ms(1, alone, 0) <= 200.0 or alone == ctl.limits.max_chunk_tokens
-    hopeless = ctl.chunk_budget(90, 90 * 1000)
-    assert hopeless == ctl.limits.min_chunk_tokens  # prefill always moves
+    tiny = ctl.chunk_budget(24, 24 * 300)  # the decodes leave room for ~22 tokens only
+    assert ctl.limits.min_chunk_tokens <= tiny <= 24  # prefill still moves
+    hopeless = ctl.chunk_budget(60, 60 * 500)  # the decodes alone take 125 ms: no prefill can be deferred
+    assert hopeless == ctl.limits.min_chunk_tokens  # ... and none waits
+    due = ctl.chunk_budget(60, 60 * 500, backlog=[(0.0, 3000)], now_s=0.0)  # 3000 tokens due in 200 ms
+    assert due == 750  # 4 steps at the TPOT pace before the deadline
+    flood = ctl.chunk_budget(60, 60 * 500, backlog=[(0.0, 30000)], now_s=0.0)
+    assert machine_ms(61, flood, 30000) <= 200.0 < machine_ms(61, flood + 8, 30000)  # never past half the TTFT
+
+
+def test_prompts_near_their_ttft_deadline_get_the_chunk_they_need():
+    limits = ControllerLimits(max_itl_factor=1.0)  # deferrable prefill: only what fits in the TPOT target
+    ctl = SloController(trained(), SloTargets(tpot_ms=40.0, ttft_ms=2000.0), limits)  # deadline: 1 s, 25 steps
+    assert ctl.ttft_chunk([], 10.0) == 0
+    assert ctl.ttft_chunk([(9.9, 500)], 10.0) == 24  # 500 tokens in 21.5 steps
+    assert ctl.ttft_chunk([(9.9, 500), (10.0, 1000)], 10.0) == 63  # 1500 tokens by the second's deadline
+    assert ctl.ttft_chunk([(5.0, 300), (10.0, 1000)], 10.0) == 55  # the lost one is not chased, still first
+    relaxed = ctl.chunk_budget(20, 4000)
+    pressed = ctl.chunk_budget(20, 4000, backlog=[(9.9, 500), (10.0, 9000)], now_s=10.0)
+    assert pressed == 396 > relaxed  # 9500 tokens in 24 steps: TTFT now outweighs the deferral
+
+
+def test_an_infeasible_target_takes_the_smallest_cap_and_says_so():
+    ctl = SloController(trained(), SloTargets(tpot_ms=6.0), ControllerLimits(fixed_num_seqs=24))
+    plan = ctl.decode_plan(TokenMix(100, 100))  # even 4 sequences take > 6 ms a step here
+    assert (plan.max_num_seqs, plan.is_feasible, plan.capacity_rps) == (4, False, 0.0)
+    assert ctl.desired_replicas(50.0, plan, current=2) == 2
 
 
 def test_fixed_limits_until_the_model_is_ready():
@@ -80,3 +105,12 @@ def test_the_slo_package_is_pure():
     code = "import sys, ferry.slo; print(sorted(m for m in ('torch', 'nats', 'redis') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_step_with_prefill_may_take_a_few_tpot_targets():
+    """max_itl_factor: how far a step carrying deferrable prefill may stretch past the TPOT target."""
+    model = trained()
+    one = SloController(model, SloTargets(tpot_ms=40.0), ControllerLimits(max_itl_factor=1.0)).chunk_budget(10, 2000)
+    two = SloController(model, SloTargets(tpot_ms=40.0), ControllerLimits(max_itl_factor=2.0)).chunk_budget(10, 2000)
+    assert machine_ms(11, two, 2000) <= 80.0 < machine_ms(11, two + 8, 2000)
+    assert two > 2 * one

@@ -69,6 +69,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--online-requests", type=int, default=64)
     o.add_argument("--threads", type=int, default=2, help="torch threads (default %(default)s)")
     o.add_argument("--device", default="cpu", help="engine device: cpu, cuda, cuda:N (default %(default)s)")
+    t = parser.add_argument_group("SLO trace bench (--offline --trace): adaptive batch cap vs fixed caps")
+    t.add_argument("--trace", help="'day-night' (seeded, compressed diurnal load) or a Mooncake/Azure trace file")
+    t.add_argument("--tpot-slo-ms", type=float, default=50.0, help="default %(default)s")
+    t.add_argument("--ttft-slo-ms", type=float, default=2000.0, help="default %(default)s")
+    t.add_argument("--fixed-caps", default="8,16,32,64,128", help="default %(default)s")
+    t.add_argument("--day-s", type=float, default=90.0, help="day-night: one compressed day (default %(default)s)")
+    t.add_argument("--peak-rps", type=float, default=3.5, help="day-night: noon arrival rate (default %(default)s)")
+    t.add_argument("--trace-speedup", type=float, default=1.0, help="replay: divide trace times by this")
+    t.add_argument("--trace-max-requests", type=int, help="replay: the first N requests only")
     from ferry.bench.online import add_url_arguments
 
     add_url_arguments(parser)  # adds --url and its options
@@ -116,6 +125,8 @@ def _run(args: argparse.Namespace) -> int:
         "%Y%m%dT%H%M%SZ", time.gmtime()
     )
     if args.url:
+        if args.trace:
+            raise ValueError("--trace runs the engine in-process: use it with --offline")
         try:
             from ferry.bench.online import run_url
         except ImportError:
@@ -124,7 +135,35 @@ def _run(args: argparse.Namespace) -> int:
         return run_url(args, workload, str(out), show_progress=not args.no_progress)
     if not args.model:
         raise ValueError("--offline needs --model DIR")
+    if args.trace:
+        return _run_trace(args, args.out or Path("ops/bench/slo") / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
     return _run_offline(args, workload, out)
+
+
+def _run_trace(args: argparse.Namespace, out: Path) -> int:
+    from ferry.bench.slo_bench import SloBenchConfig, run_slo_bench
+    from ferry.bench.trace import DayNightConfig
+
+    if args.trace != "day-night" and not Path(args.trace).is_file():
+        raise ValueError(f"--trace {args.trace}: neither 'day-night' nor a trace file")
+    cfg = SloBenchConfig(
+        model=Path(args.model),
+        out_dir=out,
+        trace=args.trace,
+        day_night=DayNightConfig(day_s=args.day_s, peak_rps=args.peak_rps, seed=args.seed),
+        tpot_slo_ms=args.tpot_slo_ms,
+        ttft_slo_ms=args.ttft_slo_ms,
+        fixed_caps=_ints(args.fixed_caps, "--fixed-caps"),
+        num_kv_blocks=args.num_kv_blocks,
+        threads=args.threads,
+        trace_speedup=args.trace_speedup,
+        max_requests=args.trace_max_requests,
+        show_progress=not args.no_progress,
+    )
+    report = run_slo_bench(cfg)
+    goodput = {name: round(s["goodput_rps"], 4) for name, s in report["systems"].items()}
+    print(json.dumps({"out": str(out), "ratios": report["ratios"], "goodput_rps": goodput}, indent=2))
+    return 0
 
 
 def _run_offline(args: argparse.Namespace, workload, out: Path) -> int:

@@ -58,9 +58,9 @@ def write_markdown(path: Path, report: dict) -> None:
 
 
 def write_plot(path: Path, report: dict) -> None:
-    from ferry.bench.plots import _pyplot, _save
+    from ferry.bench.plots import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     modes = report["modes"]
     turns = list(modes["off"]["turns"]["ttft_ms_by_turn"])
     labels = turns + ["restart"]
@@ -74,7 +74,7 @@ def write_plot(path: Path, report: dict) -> None:
     ax.set_xlabel("turn")
     ax.set_ylabel("TTFT p50 (ms)")
     ax.legend()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _f(value, digits: int = 0) -> str:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ferry.bench.workload import WorkloadRequest, latency_summary
+from ferry.engine.adaptive import AdaptiveLimits
 from ferry.engine.config import EngineConfig
 from ferry.engine.llm_engine import LLMEngine
 from ferry.model import LoadedModel
@@ -116,12 +117,19 @@ def engine_config(
 
 
 def engine_turns(
-    lm: LoadedModel, config: EngineConfig, requests: list[WorkloadRequest], arrivals: list[float], name: str
+    lm: LoadedModel,
+    config: EngineConfig,
+    requests: list[WorkloadRequest],
+    arrivals: list[float],
+    name: str,
+    adaptive: AdaptiveLimits | None = None,
 ) -> Turns:
     """The engine as a system: an arrived request is handed to it at once ('dynamic', 'static': the
     engine queues it), or, for 'static_padded', held until the engine is idle and then admitted
-    with the others that arrived as one padded batch (static_batch)."""
+    with the others that arrived as one padded batch (static_batch). With `adaptive`, the SLO
+    controller sets the cap and chunk budget before every step (its work is on the clock)."""
     engine = LLMEngine(lm, config)
+    engine.warmup()  # as a worker does before it takes work: no kernel build or graph capture in the timing
     _warm_up(engine)
     before = engine.stats()
     wanted = {r.index: r.max_tokens for r in requests}
@@ -137,8 +145,14 @@ def engine_turns(
         while order and arrivals[order[0]] <= clock:
             arrived.append(requests[order.popleft()])
         for req in _to_submit(name, engine, arrived, result):
-            engine.add_request(str(req.index), req.prompt_token_ids, _sampling(req))
+            engine.add_request(str(req.index), req.prompt_token_ids, _sampling(req), arrival_time=arrivals[req.index])
+            if adaptive is not None:
+                adaptive.observe_arrival(arrivals[req.index], len(req.prompt_token_ids), req.max_tokens)
+        if adaptive is not None:
+            adaptive.before_step(engine, clock)
         outputs = engine.step()
+        if adaptive is not None:
+            adaptive.after_step(engine)
         clock += time.perf_counter() - started
         yield _record(outputs, clock, arrivals, first_s, result, wanted)
     result.busy_s = clock

@@ -40,7 +40,7 @@ def write_plots(out_dir: Path, report: dict) -> list[str]:
     return written
 
 
-def _save(fig, path: Path) -> bool:
+def save_figure(fig, path: Path) -> bool:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     pyplot().close(fig)
@@ -65,7 +65,7 @@ def _throughput(path: Path, report: dict) -> bool:
     ax.set_title("throughput vs offered load")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _cdf(path: Path, report: dict, values_of, xlabel: str, title: str) -> bool:
@@ -83,7 +83,7 @@ def _cdf(path: Path, report: dict, values_of, xlabel: str, title: str) -> bool:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _ttft_cdf(path: Path, report: dict) -> bool:
@@ -116,4 +116,4 @@ def _batch_size(path: Path, report: dict) -> bool:
     ax.set_title("batch size over time")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -109,7 +109,7 @@ def run_batch(models: dict, batch: int, args: argparse.Namespace, vocab: int) ->
     sides = {name: FerrySide(lm, batch, args.context, 16, args.steps + 2) for name, lm in models.items()}
     logits = {name: side.prefill(prompts) for name, side in sides.items()}
     tokens = logits["float32"].argmax(-1)
-    times = {name: [] for name in sides}
+    times: dict[str, list[float]] = {name: [] for name in sides}
     same = {name: 0 for name in sides}
     for step in range(args.steps + 2):  # the first two steps are warm-up
         for name, side in sides.items():
@@ -121,7 +121,7 @@ def run_batch(models: dict, batch: int, args: argparse.Namespace, vocab: int) ->
             same[name] += int((logits[name].argmax(-1) == tokens).sum())
     os.environ.pop("FERRY_CPU_KERNELS", None)
     med = {name: statistics.median(t) for name, t in times.items()}
-    row = {"batch": batch, **{f"{name}_step_ms_median": med[name] * 1e3 for name in sides}}
+    row: dict[str, object] = {"batch": batch, **{f"{name}_step_ms_median": med[name] * 1e3 for name in sides}}
     for name in ("int8", "int4"):
         row[f"{name}_speedup_median_step"] = med["float32"] / med[name]
         row[f"{name}_speedup_per_step_pair_median"] = statistics.median(

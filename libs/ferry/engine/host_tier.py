@@ -58,7 +58,9 @@ class HostTier:
             if block_id is None:
                 break
             block_ids.append(block_id)
-            blocks.append(self.cache.get(block_hash))
+            block = self.cache.get(block_hash)
+            assert block is not None, "a hash the lookup counted left the host tier before it was adopted"
+            blocks.append(block)
         self.flush()  # the adopted slots' previous blocks go to the host before they are overwritten
         if block_ids:
             self.kv.write_blocks(block_ids, torch.stack(blocks))

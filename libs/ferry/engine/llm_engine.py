@@ -17,6 +17,7 @@ from ferry.engine.block_manager import BlockManager
 from ferry.engine.config import EngineConfig
 from ferry.engine.host_cache import HostBlockCache
 from ferry.engine.host_tier import HostTier
+from ferry.engine.kv_tiers import KvTiers
 from ferry.engine.outputs import EngineStats, PrefilledKV, RequestOutput
 from ferry.engine.request_state import RequestState
 from ferry.engine.runner import ModelRunner
@@ -28,12 +29,14 @@ from ferry.protocol import SamplingParams, hash_full_blocks
 from ferry.slo.step_model import StepRecord
 
 
-class LLMEngine:
+class LLMEngine(KvTiers):
     def __init__(self, lm: LoadedModel, config: EngineConfig | None = None) -> None:
         self.lm = lm
         self.config = config = config or EngineConfig()
         num_blocks = config.num_kv_blocks or self._blocks_for_memory(lm, config)
-        self.runner = ModelRunner(lm, num_blocks, config.block_size, config.device, _kv_dtype(config), config.attention)
+        self.runner = ModelRunner(
+            lm, num_blocks, config.block_size, config.device, _kv_dtype(config), config.attention, config.max_num_seqs
+        )
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -55,6 +58,11 @@ class LLMEngine:
         self._num_computed_tokens = self._num_steps = self._num_generated = self._num_scheduled = 0
         self.last_step: StepRecord | None = None
         """What the latest non-empty step ran and how long it took (the step-time model learns from it)."""
+
+    def warmup(self) -> None:
+        """Compile / build the kernels and capture the decode graphs now, before the engine takes work
+        (the worker calls it before it pulls its first request)."""
+        self.runner.warmup()
 
     @classmethod
     def from_model_path(cls, path: str | Path, config: EngineConfig | None = None) -> LLMEngine:
@@ -140,6 +148,18 @@ class LLMEngine:
     def max_num_batched_tokens(self) -> int:
         return self.scheduler.max_num_batched_tokens
 
+    def prefill_backlog(self) -> list[tuple[float, int]]:
+        """(arrival_time, tokens still to prefill) of every sequence not prefilled yet, in the order
+        the scheduler will take them: running ones mid-prefill, then the waiting queue."""
+        running = [s for s in self.scheduler.running if not s.is_prefill_done]
+        return [(s.arrival_time, s.num_uncomputed_tokens) for s in (*running, *self.scheduler.waiting)]
+
+    def decode_load(self) -> tuple[int, int]:
+        """(sequences that decode next step, context tokens they hold): what a chunk budget must
+        leave room for."""
+        decoding = [s for s in self.scheduler.running if s.is_prefill_done]
+        return len(decoding), sum(s.num_computed_tokens for s in decoding)
+
     def _postprocess(self, batch: ScheduledBatch, logits: torch.Tensor) -> list[RequestOutput]:
         rows = [i for i, s in enumerate(batch.seqs) if s.num_computed_tokens == s.num_tokens]
         if not rows:
@@ -203,19 +223,6 @@ class LLMEngine:
         self.block_manager.free(seq)
         return PrefilledKV(block_ids, hashes, num_tokens, data)
 
-    def remember_finished(self, max_sequences: int) -> None:
-        """Keep the block hashes of the last `max_sequences` finished sequences for take_finished_kv."""
-        self._max_finished_chains = max_sequences
-
-    def take_finished_kv(self, request_id: str, skip_blocks: int = 0) -> tuple[list[bytes], torch.Tensor] | None:
-        """(hashes, [n, *block_shape] CPU copy) of a finished sequence's full blocks after the first
-        `skip_blocks`, as far as the pool still holds them; None when it holds none (or it was not kept)."""
-        chain = self._finished_chains.pop(request_id, None) or []
-        block_ids = self.block_manager.cached_block_ids(chain[skip_blocks:])
-        if not block_ids:
-            return None
-        return chain[skip_blocks : skip_blocks + len(block_ids)], self.runner.kv.read_blocks(block_ids)
-
     def can_admit(self, num_tokens: int) -> bool:
         """Room for a sequence of num_tokens (+1 to decode) now, in blocks and in the batch cap."""
         num_seqs = len(self.scheduler.running) + len(self.scheduler.waiting)
@@ -257,33 +264,6 @@ class LLMEngine:
         self.block_manager.commit(seq)  # full blocks join the prefix cache: later local requests hit
         self._requests[request_id] = state
         self.scheduler.add_running(seq)
-
-    def num_cached_blocks(self, block_hashes: list[bytes]) -> int:
-        """How many leading blocks of this chained-hash list are here now, in the pool or the host tier."""
-        return sum(self.cached_tiers(block_hashes))
-
-    def cached_tiers(self, block_hashes: list[bytes]) -> tuple[int, int]:
-        """(device, host): the leading blocks computed in the pool, then the next ones in host memory."""
-        num_device = self.block_manager.num_leading_cached(block_hashes)
-        num_host = self.host.num_leading(block_hashes, num_device) if self.host is not None else 0
-        return num_device, num_host
-
-    def drain_kv_events(self) -> tuple[list[bytes], list[bytes]]:
-        """(stored, removed) block hashes of the device pool since the last call."""
-        return self.block_manager.drain_events()
-
-    def cached_hashes(self) -> tuple[list[bytes], list[bytes]]:
-        """(device, host): every block hash the pool (computed) and the host tier hold now."""
-        host = list(self.host.cache.hashes()) if self.host is not None else []
-        return self.block_manager.cached_hashes(), host
-
-    def drain_host_events(self) -> tuple[list[bytes], list[bytes]]:
-        """(stored, removed) block hashes of the host tier since the last call."""
-        return self.host.cache.drain_events() if self.host is not None else ([], [])
-
-    def prefetch_to_host(self, block_hashes: list[bytes], data: torch.Tensor) -> int:
-        """Keep fetched blocks ([n, *block_shape]) in the host tier; how many were new (HostTier.keep)."""
-        return self.host.keep(block_hashes, data) if self.host is not None else 0
 
     # ---- introspection -----------------------------------------------------------------------
     def stats(self) -> EngineStats:

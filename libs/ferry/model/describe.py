@@ -23,4 +23,4 @@ def weights_dtype(model: nn.Module) -> str:
         declared = getattr(module, "weights_dtype", None)
         if isinstance(declared, str):
             return declared
-    return str(model.lm_head.weight.dtype).removeprefix("torch.")
+    return str(model.get_parameter("lm_head.weight").dtype).removeprefix("torch.")

@@ -122,7 +122,8 @@ class GgufFile:
     @cached_property
     def hf_names(self) -> dict[str, str]:
         """HF parameter name -> GGUF tensor name, for every parameter the file holds."""
-        return {hf_name(name): name for name in self._tensors if hf_name(name)}
+        names = {name: hf_name(name) for name in self._tensors}
+        return {hf: name for name, hf in names.items() if hf}
 
     def _check_tensors(self) -> None:
         for name, tensor in self._tensors.items():

@@ -46,7 +46,7 @@ def tokenizer_from_gguf(f: GgufFile) -> Tokenizer:
         backend = _byte_level_bpe(tokens, list(merges or []), str(f.field("tokenizer.ggml.pre", "default")))
     elif kind == "llama":
         scores = list(f.field("tokenizer.ggml.scores", [0.0] * len(tokens)))
-        pairs = [tuple(m.split(" ", 1)) for m in merges] if merges else merges_from_scores(tokens, scores)
+        pairs = _merge_pairs(merges) if merges else merges_from_scores(tokens, scores)
         backend = _sentencepiece_bpe(tokens, types, pairs, bool(f.field("tokenizer.ggml.add_space_prefix", True)))
     else:
         raise ValueError(f"{f.path}: tokenizer.ggml.model {kind!r} is not supported ('gpt2' and 'llama' are)")
@@ -61,13 +61,17 @@ def tokenizer_from_gguf(f: GgufFile) -> Tokenizer:
     return Tokenizer(backend, specials, f.field("tokenizer.chat_template", None))
 
 
+def _merge_pairs(merges: list[str]) -> list[tuple[str, str]]:
+    """GGUF spells each merge as one "left right" string; BPE takes the pair."""
+    return [(left, right) for left, right in (m.split(" ", 1) for m in merges)]
+
+
 def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str) -> HFTokenizer:
     spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
     # llama.cpp keeps a few tokens spelled as text (added ones); BPE needs every token in the byte alphabet
     vocab = {t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode()): i for i, t in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
-    backend = HFTokenizer(models.BPE(vocab, pairs, ignore_merges=pre in _IGNORE_MERGES))
+    backend = HFTokenizer(models.BPE(vocab, _merge_pairs(merges), ignore_merges=pre in _IGNORE_MERGES))
     backend.pre_tokenizer = _pre_tokenizer(pre)
     backend.decoder = decoders.ByteLevel()
     return backend

@@ -118,7 +118,11 @@ def _model_dtype(dtype: str | torch.dtype | None, weights_dtype: str) -> str | t
     if weights_dtype not in WEIGHTS_DTYPES:
         raise ValueError(f"weights_dtype: unsupported {weights_dtype!r}, expected one of {WEIGHTS_DTYPES}")
     implied = {"auto": None, "int8": "float32", "int4": "float32"}.get(weights_dtype, weights_dtype)
-    if dtype is not None and weights_dtype in ("float32", "bfloat16") and _torch_dtype(dtype) != _torch_dtype(implied):
+    if (
+        dtype is not None
+        and weights_dtype in ("float32", "bfloat16")
+        and _torch_dtype(dtype) != _torch_dtype(weights_dtype)
+    ):
         raise ValueError(f"dtype {dtype!r} and weights_dtype {weights_dtype!r} disagree")
     return dtype or implied
 

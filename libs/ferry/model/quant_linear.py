@@ -61,7 +61,9 @@ class QuantLinear(nn.Module):
             self.packed = pack_for_cpu(self.qw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        return quant_matmul(x, self.qw, self.bias, self.packed, self.backend)
+        bias = self.bias
+        assert bias is None or isinstance(bias, torch.Tensor)
+        return quant_matmul(x, self.qw, bias, self.packed, self.backend)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, bits={self.qw.bits}, group={self.qw.group_size}"

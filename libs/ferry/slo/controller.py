@@ -7,21 +7,30 @@ Inputs: the worker's StepTimeModel, the SLO targets and the traffic's token mix 
   admits what finishes: b / mean_output requests per step, each mean_prompt tokens to prefill,
   and each running sequence holds about mean_prompt + mean_output / 2 tokens of context. Since a
   request's TPOT is the mean of the steps it lives through, bounding every step bounds it.
-- Chunk budget (this step): with d sequences decoding now, the most prefill tokens one step may
-  add and still keep the step within the TPOT target (at least min_chunk_tokens, so prefill
-  always moves). With nobody decoding only TTFT counts: a step may take half the TTFT target (a
-  request arriving just behind it still has half its budget).
+- Chunk budget (this step): the larger of
+  * the most prefill tokens a step may add with the d sequences decoding now and still stay within
+    max_itl_factor x the TPOT target (prefill deferred protects the running requests' TPOT), and
+  * what the TTFT target needs: prompts waiting (first come, first served) must each be prefilled
+    by their deadline, arrival + ttft_deadline_share x the TTFT target; with steps at the TPOT
+    target's pace that is max over queued requests k of (tokens up to and including k) / (steps
+    left before k's deadline). Requests already past their deadline are lost to the target and do
+    not push the budget (their tokens still count for those behind them).
+  At least min_chunk_tokens (prefill always moves); at most what keeps a step within half the
+  TTFT target (a request arriving just behind it still has half its budget), which is also the
+  budget when nobody decodes (no TPOT to protect).
 - Capacity and desired replicas: one replica at its cap serves b / (mean_output * step) requests
   per second within the TPOT target; the forecast rate over target_utilization times that, rounded
   up, is how many replicas the role wants. A prefill replica's capacity is its chunk rate over the
   mean prompt.
 
-Before the step model has seen enough steps the configured fixed limits apply. Pure Python.
+Before the step model has seen enough steps the configured fixed limits apply; when no cap meets
+the TPOT target at all, the smallest cap does. Pure Python.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ferry.slo.step_model import StepRecord, StepTimeModel
@@ -48,7 +57,9 @@ class SloTargets:
 class ControllerLimits:
     """Bounds the controller stays inside, and what applies before the model is ready."""
 
-    min_num_seqs: int = 1
+    min_num_seqs: int = 4
+    """The cap never goes below this: a handful of sequences cost about what one does, and a model
+    that only ever sees one batch size cannot tell per-sequence cost from overhead."""
     max_num_seqs: int = 256
     min_chunk_tokens: int = 16
     max_chunk_tokens: int = 2048
@@ -57,6 +68,11 @@ class ControllerLimits:
     fixed_chunk_tokens: int = 2048
     target_utilization: float = 0.8
     """Replicas are sized so the forecast uses this share of their SLO capacity (queueing room)."""
+    max_itl_factor: float = 4.0
+    """A step carrying deferrable prefill may take this many TPOT targets (see the module doc)."""
+    ttft_deadline_share: float = 0.5
+    """Plan prefills to end by this share of the TTFT target: the rest is margin for the model's
+    errors and for steps slower than the TPOT pace."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_num_seqs <= self.max_num_seqs:
@@ -65,6 +81,10 @@ class ControllerLimits:
             raise ValueError(
                 f"ControllerLimits.min_chunk_tokens={self.min_chunk_tokens}: must be in [1, max_chunk_tokens]"
             )
+        if not 0 < self.ttft_deadline_share <= 1:
+            raise ValueError(f"ControllerLimits.ttft_deadline_share={self.ttft_deadline_share}: must be in (0, 1]")
+        if not self.max_itl_factor >= 1:
+            raise ValueError(f"ControllerLimits.max_itl_factor={self.max_itl_factor}: must be >= 1")
         if not 0 < self.target_utilization <= 1:
             raise ValueError(f"ControllerLimits.target_utilization={self.target_utilization}: must be in (0, 1]")
 
@@ -92,6 +112,10 @@ class Plan:
     capacity_rps: float
     """Requests/s one replica serves within the targets."""
     is_model_ready: bool
+    is_feasible: bool = True
+    """False: not even min_num_seqs meets the TPOT target; the cap is min_num_seqs (the shortest
+    decode step misses by least; falling back to the fixed cap measured worse, ops/bench/slo) and
+    capacity_rps is 0."""
 
 
 class SloController:
@@ -114,24 +138,51 @@ class SloController:
         def step(b: int) -> float:
             return self._step_ms(b, math.ceil(b * share), b * mix.mean_context_tokens)
 
-        cap = _largest(self.limits.min_num_seqs, self.limits.max_num_seqs, lambda b: step(b) <= self.targets.tpot_ms)
+        lim = self.limits
+        if step(lim.min_num_seqs) > self.targets.tpot_ms:  # the shortest decode step misses least
+            least = lim.min_num_seqs
+            return Plan(least, math.ceil(least * share), step(least), 0.0, True, is_feasible=False)
+        cap = _largest(lim.min_num_seqs, lim.max_num_seqs, lambda b: step(b) <= self.targets.tpot_ms)
         step_ms = step(cap)
         capacity_rps = cap / max(mix.mean_output_tokens, 1.0) / (step_ms / 1000.0)
         return Plan(cap, math.ceil(cap * share), step_ms, capacity_rps, True)
 
-    def chunk_budget(self, num_decodes: int, num_context_tokens: int) -> int:
+    def chunk_budget(
+        self,
+        num_decodes: int,
+        num_context_tokens: int,
+        backlog: Sequence[tuple[float, int]] = (),
+        now_s: float = 0.0,
+    ) -> int:
         """Prefill tokens the next step may add with num_decodes sequences decoding over
-        num_context_tokens of context."""
+        num_context_tokens of context; backlog: (arrival_s, tokens to prefill) of the prompts not
+        prefilled yet, first come first, on the clock of now_s."""
         lim = self.limits
         if not self.model.is_ready:
             return lim.fixed_chunk_tokens
-        bound = self.targets.tpot_ms if num_decodes else self.targets.ttft_ms / 2
         num_seqs = num_decodes + 1
 
-        def fits(tokens: int) -> bool:
+        def fits(tokens: int, bound: float) -> bool:
             return self._step_ms(num_seqs, tokens, num_context_tokens) <= bound
 
-        return _largest(lim.min_chunk_tokens, lim.max_chunk_tokens, fits)
+        ceiling = _largest(lim.min_chunk_tokens, lim.max_chunk_tokens, lambda n: fits(n, self.targets.ttft_ms / 2))
+        if not num_decodes:
+            return ceiling
+        bound = self.targets.tpot_ms * lim.max_itl_factor
+        deferred = _largest(lim.min_chunk_tokens, lim.max_chunk_tokens, lambda n: fits(n, bound))
+        return min(max(deferred, self.ttft_chunk(backlog, now_s)), max(ceiling, deferred))
+
+    def ttft_chunk(self, backlog: Sequence[tuple[float, int]], now_s: float) -> int:
+        """Prefill tokens per step that get every queued prompt done by its deadline (module doc)."""
+        deadline_s = self.targets.ttft_ms * self.limits.ttft_deadline_share / 1000.0
+        pace_s = self.targets.tpot_ms / 1000.0
+        needed = total = 0
+        for arrival_s, num_tokens in backlog:
+            total += num_tokens
+            steps_left = (arrival_s + deadline_s - now_s) / pace_s - 1  # its first token ends one more step
+            if steps_left > 0:
+                needed = max(needed, math.ceil(total / steps_left))
+        return needed
 
     # ---- prefill ---------------------------------------------------------------------------------
     def prefill_plan(self, mix: TokenMix) -> Plan:
