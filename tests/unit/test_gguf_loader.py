@@ -57,7 +57,7 @@ def test_f32_gguf_loads_the_same_model(pair):
 @pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_1])
 def test_quantized_gguf_is_dequantized_near_the_original(pair, qtype, tmp_path):
     ckpt, _ = pair
-    lm = load_model(checkpoint_to_gguf(ckpt, tmp_path / "q.gguf", qtype))
+    lm = load_model(checkpoint_to_gguf(ckpt, tmp_path / "q.gguf", qtype), weights_dtype="float32")  # dequantized
     ref = load_model(ckpt)
     assert lm.model.lm_head.weight.dtype == torch.float32
     tolerance = {Q.F16: 1e-3, Q.Q8_0: 0.01, Q.Q4_0: 0.2, Q.Q4_1: 0.2}[qtype]  # relative, per matrix

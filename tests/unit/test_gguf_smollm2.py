@@ -113,7 +113,8 @@ def test_fp32_greedy_tokens_match_transformers_on_the_same_gguf(chat_prompts):
     from ferry.engine import EngineConfig, LLMEngine
 
     path = pretrained_path(DEFAULT_MODEL)
-    engine = LLMEngine.from_model_path(DEFAULT_MODEL, EngineConfig(dtype="float32", num_kv_blocks=256))
+    config = EngineConfig(dtype="float32", weights_dtype="float32", num_kv_blocks=256)  # dequantized
+    engine = LLMEngine.from_model_path(DEFAULT_MODEL, config)
     assert engine.lm.model.lm_head.weight.dtype == torch.float32
     batched = _ferry_greedy(engine, chat_prompts)
     alone = [_ferry_greedy(engine, [p])[0] for p in chat_prompts]

@@ -68,7 +68,7 @@ def test_models_card_says_name_architecture_and_dtypes(q8_gguf):
 
 
 def test_worker_exports_model_info_and_reports_its_weights_dtype(q8_gguf):
-    engine = LLMEngine.from_model_path(q8_gguf, EngineConfig(num_kv_blocks=16, dtype="bfloat16"))
+    engine = LLMEngine.from_model_path(q8_gguf, EngineConfig(num_kv_blocks=16, weights_dtype="bfloat16"))
     settings = WorkerSettings(model=str(q8_gguf), role="decode", worker_id="w-describe")
     assert describe_engine(engine, settings) == "bfloat16"
     labels = dict(role="decode", model="tiny-qwen.Q8_0", arch="qwen2", weights_dtype="bfloat16")
@@ -76,7 +76,7 @@ def test_worker_exports_model_info_and_reports_its_weights_dtype(q8_gguf):
 
 
 def test_weights_dtype_prefers_what_a_quantized_layer_declares(q8_gguf):
-    engine = LLMEngine.from_model_path(q8_gguf, EngineConfig(num_kv_blocks=16))
+    engine = LLMEngine.from_model_path(q8_gguf, EngineConfig(num_kv_blocks=16, weights_dtype="float32"))
     model = engine.lm.model
     assert weights_dtype(model) == "float32"
     model.model.layers[0].mlp.weights_dtype = "int4"
@@ -87,3 +87,8 @@ def test_weights_dtype_prefers_what_a_quantized_layer_declares(q8_gguf):
 def test_checkpoint_dtype_of_a_folder_and_of_smollm2(tmp_path):
     assert checkpoint_dtype(read_config(make_model(tmp_path / "bf16", "llama", "tiny", dtype="bfloat16"))) == "bfloat16"
     assert checkpoint_dtype(read_config("smollm2")) == "Q4_1"  # general.file_type MOSTLY_Q4_1
+
+
+def test_auto_keeps_a_q8_0_gguf_in_int8_and_says_so(q8_gguf):
+    engine = LLMEngine.from_model_path(q8_gguf, EngineConfig(num_kv_blocks=16))  # weights_dtype auto
+    assert weights_dtype(engine.lm.model) == "int8" and engine.lm.weights_dtype == "int8"

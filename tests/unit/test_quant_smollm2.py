@@ -33,3 +33,32 @@ def test_the_reference_is_a_real_model(models):
     ids = lm.tokenizer.encode("The capital of France is Paris. The capital of Italy is")
     logits = all_position_logits(lm, ids)
     assert lm.tokenizer.decode([int(logits[-1].argmax())]).strip() == "Rome"
+
+
+def test_auto_keeps_the_gguf_codes_exactly(models):
+    """SmolLM2's file: projections Q4_1 -> int4 with offsets, the tied embedding Q8_0 -> int8 lm_head: the
+    same weights as the fp32 model's dequantized ones, so the same predictions."""
+    from ferry.model.quant_linear import QuantLinear, held_bits
+
+    auto = load_model(DEFAULT_MODEL, weights_dtype="auto")
+    quant = [m for m in auto.model.modules() if isinstance(m, QuantLinear)]
+    assert len(quant) == 4 * auto.config.num_layers + 1 and held_bits(auto.model) == [8, 4]
+    assert auto.weights_dtype == "int8+int4" and auto.fingerprint != models["float32"].fingerprint
+    got = quality({"float32": models["float32"], "auto": auto})["auto"]
+    assert got["argmax_equal_rate"] >= 0.99 and got["mean_kl"] < 1e-3, got
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+def test_gguf_blocks_become_the_same_weights(qtype):
+    import numpy as np
+    from gguf import GGMLQuantizationType, quants
+
+    from ferry.kernels.quant_ref import dequantize
+    from ferry.model.gguf_quant import from_raw
+
+    w = np.random.default_rng(0).standard_normal((6, 96)).astype(np.float32)
+    kind = GGMLQuantizationType[qtype]
+    blocks = quants.quantize(w, kind)  # [6, bytes per row]
+    qw = from_raw(qtype, (6, 96), blocks)
+    expected = torch.from_numpy(quants.dequantize(blocks, kind).reshape(6, 96).astype(np.float32))
+    assert torch.equal(dequantize(qw), expected)

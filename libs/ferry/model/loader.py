@@ -20,10 +20,11 @@ from ferry.kernels import resolve_attention
 from ferry.kernels.quant_ref import DEFAULT_GROUP_SIZE
 from ferry.model.causal_lm import CausalLM, make_rotary
 from ferry.model.config import ModelConfig, read_config
+from ferry.model.gguf_quant import gguf_quantizer
 from ferry.model.gguf_reader import is_gguf, load_gguf_weights, open_gguf
 from ferry.model.gguf_tokenizer import tokenizer_from_gguf
 from ferry.model.kv_cache import KV_LAYOUT_VERSION
-from ferry.model.quant_linear import QUANT_BITS, quantize_linears
+from ferry.model.quant_linear import QUANT_BITS, held_bits, quantize_linears, symmetric
 from ferry.model.source import resolve_model
 from ferry.model.tokenizer import Tokenizer
 from ferry.model.weights import load_weights, weights_digest
@@ -56,7 +57,8 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     weights_dtype: str = "auto",
 ) -> LoadedModel:
-    """weights_dtype (WEIGHTS_DTYPES): 'auto' keeps the checkpoint's; float32/bfloat16 are the model dtype
+    """weights_dtype (WEIGHTS_DTYPES): 'auto' keeps the checkpoint's (a GGUF's Q8_0/Q4_0/Q4_1 matrices stay
+    quantized, ferry.model.gguf_quant; other types are dequantized); float32/bfloat16 are the model dtype
     (dtype, when also given, must agree); int8/int4 quantize the projections group-wise after loading,
     activations then run in dtype, by default float32 (what the C++ kernel takes)."""
     path = resolve_model(path)
@@ -79,8 +81,12 @@ def load_model(
     model.fuse_projections()
     held = str(model_dtype).removeprefix("torch.")
     if weights_dtype in QUANT_BITS:
-        quantize_linears(model, QUANT_BITS[weights_dtype], DEFAULT_GROUP_SIZE)
+        quantize_linears(model, symmetric(QUANT_BITS[weights_dtype], DEFAULT_GROUP_SIZE))
         held = f"{weights_dtype}g{DEFAULT_GROUP_SIZE}-{held}"  # codes, group size and activation dtype
+    elif weights_dtype == "auto" and gguf and quantize_linears(model, gguf_quantizer(gguf, config.tie_word_embeddings)):
+        held = f"gguf-{_bits_name(model)}-{held}"  # the file's own Q8_0/Q4_x codes
+    if held_bits(model):
+        model.weights_dtype = _bits_name(model)  # read by ferry.model.describe (a GGUF may mix int8 and int4)
     if torch.device(device).type == "cpu":
         model.prepack_cpu_weights()
     model.eval()
@@ -97,8 +103,13 @@ def load_model(
         is_random=config.is_random,
         fingerprint=f"{config.arch}-{held}-{fingerprint}",
         path=path,
-        weights_dtype=weights_dtype if weights_dtype in QUANT_BITS else str(model_dtype).removeprefix("torch."),
+        weights_dtype=_bits_name(model) or str(model_dtype).removeprefix("torch."),
     )
+
+
+def _bits_name(model: CausalLM) -> str:
+    """'int8', 'int4', 'int8+int4' (a GGUF's mix), or '' when no weight is quantized."""
+    return "+".join(f"int{bits}" for bits in held_bits(model))
 
 
 def _model_dtype(dtype: str | torch.dtype | None, weights_dtype: str) -> str | torch.dtype | None:

@@ -10,6 +10,8 @@ stays in the model dtype (a lookup reads one row per token), also when lm_head i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -34,6 +36,11 @@ class QuantLinear(nn.Module):
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None, bits: int, group_size: int) -> QuantLinear:
         return cls(quantize(weight, bits, group_size), bias)
+
+    @property
+    def weights_dtype(self) -> str:
+        """'int8' or 'int4' (what ferry.model.describe reports)."""
+        return f"int{self.qw.bits}"
 
     @property
     def in_features(self) -> int:
@@ -62,29 +69,51 @@ class QuantLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, bits={self.qw.bits}, group={self.qw.group_size}"
 
 
-def _is_weight_matmul(value: object) -> bool:
+Quantizer = Callable[[list[str], torch.Tensor], "QuantizedWeight | None"]
+"""(parameter names of the matmul's parts, its fp32 weight) -> its quantized weight, or None: keep it float."""
+
+
+def symmetric(bits: int, group_size: int = DEFAULT_GROUP_SIZE) -> Quantizer:
+    """The int8 / int4 quantizer of --weights-dtype int8 / int4: quant_ref.quantize of the weight."""
+    return lambda names, weight: quantize(weight, bits, group_size)
+
+
+def quantize_linears(model: nn.Module, quantizer: Quantizer) -> int:
+    """After fuse_projections: each FusedProjection and each other Linear of model that quantizer quantizes
+    becomes a QuantLinear (the Linears whose weights were slices of a quantized fused matrix become None:
+    it does their matmuls). -> how many matmuls were quantized. Refuses MLA models, whose attention
+    reads kv_b_proj's weight directly."""
     from ferry.model.cpu_linear import FusedProjection, Linear
 
-    return isinstance(value, (Linear, FusedProjection))
-
-
-def quantize_linears(model: nn.Module, bits: int, group_size: int = DEFAULT_GROUP_SIZE) -> int:
-    """After fuse_projections: every Linear / FusedProjection of model becomes a QuantLinear (a Linear
-    whose weight is a slice of a fused matrix becomes None: the fused one does its matmuls). -> how many
-    matmuls were quantized. Refuses MLA models, whose attention reads kv_b_proj's weight directly."""
     if getattr(getattr(model, "config", None), "is_mla", False):
         raise ValueError("weights_dtype int8/int4: MLA (DeepSeek-style) models are not supported; use float32/bfloat16")
     count = 0
-    for module in list(model.modules()):
-        for name, value in list(vars(module).items()) + list(module.named_children()):
-            if not _is_weight_matmul(value):
-                continue
-            if getattr(value, "is_fused", False):
-                setattr(module, name, None)
-                continue
-            setattr(module, name, QuantLinear.from_weight(value.weight, value.bias, bits, group_size))
-            count += 1
+    for prefix, module in list(model.named_modules()):
+        parts = [name for name, c in module.named_children() if isinstance(c, Linear) and c.is_fused]
+        for name, value in list(vars(module).items()):
+            if isinstance(value, FusedProjection):
+                qw = quantizer([_weight_name(prefix, part) for part in parts], value.weight)
+                if qw is not None:
+                    setattr(module, name, QuantLinear(qw, value.bias))
+                    for part in parts:
+                        setattr(module, part, None)
+                    count += 1
+        for name, child in list(module.named_children()):
+            if isinstance(child, Linear) and not child.is_fused:
+                qw = quantizer([_weight_name(prefix, name)], child.weight)
+                if qw is not None:
+                    setattr(module, name, QuantLinear(qw, child.bias))
+                    count += 1
     return count
+
+
+def _weight_name(prefix: str, child: str) -> str:
+    return f"{prefix}.{child}.weight" if prefix else f"{child}.weight"
+
+
+def held_bits(model: nn.Module) -> list[int]:
+    """The distinct code widths of model's QuantLinears, widest first ([] when none)."""
+    return sorted({m.qw.bits for m in model.modules() if isinstance(m, QuantLinear)}, reverse=True)
 
 
 def quantized_bytes(model: nn.Module) -> int:
