@@ -127,3 +127,23 @@ def test_malformed_jsonl_line_is_named(capsys, tiny_model, tmp_path):
     bad.write_text('"fine"\n\n{not json\n')
     status, _, err = cli(capsys, "--model", str(tiny_model), "--prompts-file", str(bad))
     assert status == 2 and "line 3" in err and "not valid JSON" in err
+
+
+@pytest.mark.slow  # spawns two rank processes
+def test_ep_size_gives_the_single_process_tokens_and_per_rank_load(tmp_path, capsys):
+    model = make_model(tmp_path / "ds", "deepseek-v3", "tiny")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt_token_ids": [5 + i, 9, 17 * i % 400 + 3]}) for i in range(3)))
+    common = ["--model", str(model), "--prompts-file", str(prompts), "--json", "--temperature", "0"]
+    _, single, _ = cli(capsys, *common, "--max-tokens", "6", "--ignore-eos")
+    status, grouped, err = cli(capsys, *common, "--max-tokens", "6", "--ignore-eos", "--ep-size", "2", "--ep-overlap")
+    assert status == 0
+    tokens = [[json.loads(line)["token_ids"] for line in out.splitlines()] for out in (single, grouped)]
+    assert tokens[0] == tokens[1] and all(len(t) == 6 for t in tokens[0])
+    assert "rank 0: 2 requests" in err and "rank 1: 1 requests" in err
+
+
+def test_ep_size_needs_routed_experts_it_divides(tiny_model, capsys):
+    status, _, err = cli(capsys, "--model", str(tiny_model), "--prompt", "hi", "--ep-size", "2")
+    assert status == 2
+    assert "--ep-size 2: must divide the model's 0 routed experts" in err

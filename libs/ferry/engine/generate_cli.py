@@ -43,6 +43,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefix-caching", action="store_true")
     add_weights_dtype_argument(parser)
     parser.add_argument(
+        "--ep-size",
+        type=int,
+        default=1,
+        help="expert parallelism (DeepSeek-V3): N rank processes split the routed experts between them, "
+        "each with its own share of the prompts and KV; per-rank load goes to stderr",
+    )
+    parser.add_argument(
+        "--ep-overlap", action="store_true", help="with --ep-size: each step as two overlapped micro-batches"
+    )
+    parser.add_argument(
         "--kv-cache-dtype",
         choices=KV_CACHE_DTYPES,
         default=None,
@@ -100,8 +110,11 @@ def _run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    engine = _load_engine(args.model, config)
-    results = generate(engine, prompts, sampling, progress=args.prompts_file is not None)
+    if args.ep_size > 1 or args.ep_overlap:
+        results = _generate_expert_parallel(args, prompts, sampling, config)
+    else:
+        engine = _load_engine(args.model, config)
+        results = generate(engine, prompts, sampling, progress=args.prompts_file is not None)
     for index, result in enumerate(results):
         if args.json:
             print(json.dumps({"index": index, **result}), flush=True)
@@ -173,6 +186,23 @@ def generate(engine, prompts: list, sampling, progress: bool = False) -> list[di
                     )
                     bar.update(1)
     return results
+
+
+def _generate_expert_parallel(args: argparse.Namespace, prompts: list, sampling, config: EngineConfig) -> list[dict]:
+    from ferry.model import read_config
+    from ferry.parallel.group_generate import generate_on_group
+
+    num_experts = read_config(args.model).n_routed_experts
+    if args.ep_size < 1 or not num_experts or num_experts % args.ep_size:
+        raise InputError(f"--ep-size {args.ep_size}: must divide the model's {num_experts} routed experts")
+    mode = "overlap" if args.ep_overlap else "single"
+    run = generate_on_group(args.model, prompts, sampling, config, args.ep_size, mode=mode)
+    for rank in run.ranks:
+        print(
+            f"rank {rank.rank}: {rank.num_requests} requests, {rank.expert_tokens} token-expert pairs computed",
+            file=sys.stderr,
+        )
+    return run.results
 
 
 def _token_ids(engine, prompt: str | dict) -> list[int]:

@@ -51,6 +51,11 @@ class ModelRunner:
 
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """-> [B, vocab] float32 logits of each scheduled sequence's last new token."""
+        with device_guard(self.device):
+            return self.lm.model(*self.prepare(batch), self.kv)
+
+    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """-> the forward's input_ids [T], positions [T] and attention metadata for batch."""
         input_ids: list[int] = []
         context_lens: list[int] = []
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
@@ -64,7 +69,7 @@ class ModelRunner:
             (ids, pos), meta = AttentionMetadata.build_with_inputs(  # one host-to-device copy per step
                 batch.num_new_tokens, context_lens, tables, self.block_size, input_ids, self.device
             )
-            return self.lm.model(ids, pos, meta, self.kv)
+        return ids, pos, meta
 
     def warmup(self) -> None:
         """Before the engine takes work: one prefill and one decode forward (kernels compiled or built,

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ferry.kernels import silu_and_mul
+from ferry.model.grouped_experts import GroupedExperts
 from ferry.model.moe import MoE, Router
 from ferry.parallel.placement import ExpertPlacement
 
@@ -52,6 +53,9 @@ class ExpertParallelMoE(nn.Module):
         assert len(local_experts) == placement.slots_per_rank
         self.placement = placement
         self.experts = nn.ModuleList(local_experts)
+        # one stack of this rank's experts (their parameters re-pointed at it, so the whole layer's
+        # stack they came from is freed): one grouped matmul, as the single-process MoE runs them
+        self.grouped = GroupedExperts.stack(local_experts, share=True)
         replicas = placement.replicas()
         width = max(len(r) for r in replicas)
         self.num_copies = torch.tensor([len(r) for r in replicas], dtype=torch.int64)  # [E]
@@ -66,8 +70,7 @@ class ExpertParallelMoE(nn.Module):
         self.forward(torch.empty(0, weight.shape[1], dtype=self._dtype(), device=weight.device))
 
     def _dtype(self) -> torch.dtype:
-        expert: Any = self.experts[0]  # a GatedMLP
-        return expert.down_proj.weight.dtype
+        return self.grouped.down.dtype
 
     def steps(self, x: torch.Tensor) -> Steps:
         """x [T, hidden] -> [T, hidden]; yields after each all-to-all launch."""
@@ -84,15 +87,17 @@ class ExpertParallelMoE(nn.Module):
         send_splits = send_counts.view(num_ranks, num_slots).sum(1).tolist()
         recv_splits = recv_counts.view(num_ranks, num_slots).sum(1).tolist()
         received = x.new_empty(sum(recv_splits), x.shape[1])
-        yield from self._all_to_all(received, x[order // top_k], recv_splits, send_splits)
+        dispatch = self._launch(received, x[order // top_k], recv_splits, send_splits)
+        # the shared experts need no other rank: they compute while the tokens travel
+        shared = self.shared_experts(x) if self.shared_experts is not None and len(x) else None
+        yield
+        self._wait(dispatch)
         computed = self._run_experts(received, recv_counts.view(num_ranks, num_slots))
         back = x.new_empty(len(order), x.shape[1])
         yield from self._all_to_all(back, computed, send_splits, recv_splits)
         out = torch.zeros_like(x)
         out.index_add_(0, order // top_k, back * weights.flatten()[order, None].to(x.dtype))
-        if self.shared_experts is not None and len(x):
-            out = out + self.shared_experts(x)
-        return out
+        return out if shared is None else out + shared
 
     def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if len(x):
@@ -108,17 +113,14 @@ class ExpertParallelMoE(nn.Module):
     def _run_experts(self, received: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """received [R, hidden]: per source rank, its rows grouped by our local slot (counts [n, S])."""
         num_slots = counts.shape[1]
-        slot_of_row = torch.repeat_interleave(torch.arange(num_slots).repeat(counts.shape[0]), counts.flatten())
+        slots = torch.arange(num_slots, device=counts.device).repeat(counts.shape[0])
+        slot_of_row = torch.repeat_interleave(slots, counts.flatten())  # [R]
         by_slot = slot_of_row.argsort(stable=True)
-        per_slot = counts.sum(0)
+        ends = counts.sum(0).cumsum(0).to(torch.int32)  # [S] end of each slot's rows, sorted
         self.computed_tokens += len(received)
+        hidden = silu_and_mul(self.grouped._matmul(received[by_slot], self.grouped.gate_up, ends))
         out = torch.empty_like(received)
-        start = 0
-        for expert, count in zip(self.experts, per_slot.tolist()):
-            if count:
-                rows = by_slot[start : start + count]
-                out[rows] = expert(received[rows])
-            start += count
+        out[by_slot] = self.grouped._matmul(hidden, self.grouped.down, ends)
         return out
 
     def _all_to_all(
@@ -128,10 +130,22 @@ class ExpertParallelMoE(nn.Module):
         output_splits: list[int] | None = None,
         input_splits: list[int] | None = None,
     ) -> Generator[None, None, None]:
-        work = dist.all_to_all_single(
+        work = self._launch(output, data, output_splits, input_splits)
+        yield
+        self._wait(work)
+
+    def _launch(
+        self,
+        output: torch.Tensor,
+        data: torch.Tensor,
+        output_splits: list[int] | None = None,
+        input_splits: list[int] | None = None,
+    ) -> dist.Work:
+        return dist.all_to_all_single(
             output, data.contiguous(), output_splits, input_splits, group=self.group, async_op=True
         )
-        yield
+
+    def _wait(self, work: dist.Work) -> None:
         start = time.perf_counter()
         work.wait()
         self.comm_wait_s += time.perf_counter() - start

@@ -20,6 +20,7 @@ from ferry.engine.llm_engine import LLMEngine
 from ferry.engine.outputs import RequestOutput
 from ferry.model import load_model
 from ferry.parallel.eplb import EplbConfig
+from ferry.parallel.overlap import OverlapRunner
 from ferry.parallel.placement import ExpertPlacement
 from ferry.parallel.rebalance import Rebalancer, initial_placement
 from ferry.parallel.shard import shard_experts
@@ -57,6 +58,13 @@ def init_group(address: GroupAddress, rank: int, world_size: int, timeout_s: flo
     return dist.group.WORLD
 
 
+def leave_group(group: dist.ProcessGroup | None = None) -> None:
+    """Every rank reaches this point before any tears down: rank 0 hosts the rendezvous store, and
+    a rank that exits while another still talks to it aborts (gloo)."""
+    dist.barrier(group=group)
+    dist.destroy_process_group()
+
+
 def load_rank_engine(
     path: str | Path,
     config: EngineConfig,
@@ -64,9 +72,11 @@ def load_rank_engine(
     ep_size: int,
     placement: ExpertPlacement | None = None,
     eplb: EplbConfig | None = None,
+    mode: str = "single",
 ) -> LLMEngine:
     """This rank's engine: the model with only its routed experts, its own KV pool and scheduler.
-    placement: default contiguous, or with eplb its initial placement (spare slots as copies)."""
+    placement: default contiguous, or with eplb its initial placement (spare slots as copies);
+    mode: how a step runs (overlap.MODES: one batch, or two micro-batches, overlapped or not)."""
     lm = load_model(path, device=config.device, dtype=config.dtype)
     cfg = lm.config
     if placement is None:
@@ -76,7 +86,9 @@ def load_rank_engine(
             else ExpertPlacement.contiguous(cfg.n_routed_experts, ep_size)
         )
     shard_experts(lm, placement, rank)
-    return LLMEngine(lm, config)
+    engine = LLMEngine(lm, config)
+    engine.runner = OverlapRunner.replacing(engine.runner, mode)
+    return engine
 
 
 class LockstepEngine:
