@@ -104,10 +104,11 @@ class GatewayBus:
 
     async def submit(self, request: GenerateRequest) -> SubmitReply:
         """Hand the request to a prefill-balancer; raises SubmitFailed unless it was accepted."""
-        if not self.is_connected:
+        nc = self._nc
+        if nc is None or not nc.is_connected:
             raise SubmitFailed("no_workers", "the gateway is not connected to the message bus")
         try:
-            msg = await self._nc.request(
+            msg = await nc.request(
                 subjects.SUBMIT, encode(SubmitRequest(request=request)), timeout=self.submit_timeout_s
             )
         except NoRespondersError:
@@ -120,10 +121,11 @@ class GatewayBus:
 
     async def cancel(self, request_ids: list[str], reason: str, below_attempt: int | None = None) -> None:
         """Cancel every attempt, or (below_attempt=n) only the stale copies older than attempt n."""
-        if not self.is_connected or not request_ids:
+        nc = self._nc
+        if nc is None or not nc.is_connected or not request_ids:
             return
         try:
-            await self._nc.publish(
+            await nc.publish(
                 subjects.CANCEL, encode(Cancel(request_ids=request_ids, reason=reason, below_attempt=below_attempt))
             )
         except Exception:  # closing connection: workers time the request out on their own

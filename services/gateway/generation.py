@@ -17,7 +17,7 @@ from ferry.protocol import ErrorEvent, GenerateRequest, TokenEvent
 from ferry_services.gateway.bus import GatewayBus, SubmitFailed
 from ferry_services.gateway.errors import APIError
 from ferry_services.gateway.migration import WATCH_INTERVAL_S, LossWatch, migrate
-from ferry_services.gateway.tracker import Lost
+from ferry_services.gateway.tracker import Event, Lost
 
 # ErrorEvent.code / SubmitReply.reason -> HTTP status
 _STATUS = {
@@ -60,7 +60,7 @@ class Generation:
         self.max_attempts = max_attempts
         self._watch = LossWatch(bus, request.request_id)
         self.is_finished = False
-        self._queue: asyncio.Queue | None = None
+        self._queue: asyncio.Queue[Event] | None = None
         self._cancel_reason = "client_disconnected"
         self._accepted_at = 0.0
         self._last_event_at = 0.0
@@ -119,9 +119,11 @@ class Generation:
             self._observe(event)
             yield event
 
-    async def _next_event(self) -> TokenEvent | ErrorEvent | Lost:
+    async def _next_event(self) -> Event:
         """The next queued event; a Lost marker if the holder stops reporting; APIError 504 when
         nothing came for timeout_s."""
+        queue = self._queue
+        assert queue is not None, "start() first"
         self._waiting_since = time.monotonic()
         while True:
             left = self._waiting_since + self.timeout_s - time.monotonic()
@@ -130,7 +132,7 @@ class Generation:
                 self._count_failure("timeout")
                 raise APIError(504, f"no output for {self.timeout_s:g}s; the request was cancelled", code="timeout")
             try:
-                return await asyncio.wait_for(self._queue.get(), min(left, WATCH_INTERVAL_S))
+                return await asyncio.wait_for(queue.get(), min(left, WATCH_INTERVAL_S))
             except asyncio.TimeoutError:
                 lost = self._watch.check(time.monotonic(), self._waiting_since)
                 if lost is not None:

@@ -108,11 +108,11 @@ async def migrate(bus: GatewayBus, request: GenerateRequest, lost: Lost, max_att
     problems = [f"worker {lost.worker_id} lost ({lost.reason})"]  # the last one names the latest try's
 
     def refused(state: RetryCallState) -> None:
-        problems.append(f"resubmit refused ({state.outcome.exception().code})")
+        problems.append(f"resubmit refused ({_refusal(state).code})")
 
     retrying = AsyncRetrying(
         retry=retry_if_exception(lambda exc: isinstance(exc, SubmitFailed) and exc.code != "bad_request"),
-        wait=lambda state: max(RETRY_SUBMIT_S, state.outcome.exception().retry_after_s),
+        wait=lambda state: max(RETRY_SUBMIT_S, _refusal(state).retry_after_s),
         before_sleep=refused,
         reraise=True,  # the attempt bound is checked in each try: it counts the request's earlier attempts
     )
@@ -125,6 +125,13 @@ async def migrate(bus: GatewayBus, request: GenerateRequest, lost: Lost, max_att
         raise APIError(503, f"could not resubmit after {problems[-1]}: {exc.message}", code="worker_lost") from None
     metrics.MIGRATIONS.labels(lost.cause).inc()  # a migration is recovery, not an error
     return request
+
+
+def _refusal(state: RetryCallState) -> SubmitFailed:
+    """The SubmitFailed that ended the try (the only exception `retry` lets through to a retry)."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    assert isinstance(exc, SubmitFailed), exc
+    return exc
 
 
 async def _next_attempt(

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Generator
 
 import uvicorn
 
@@ -37,10 +38,11 @@ def model_limits(settings: GatewaySettings, info: ModelInfo) -> ModelLimits:
 
 
 class _HttpServer(uvicorn.Server):
-    def capture_signals(self) -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
         # uvicorn would re-raise the signal after its shutdown and kill the process before the
         # bus drains; serve() routes SIGTERM/SIGINT to handle_exit itself.
-        return contextlib.nullcontext()
+        yield
 
 
 async def serve(settings: GatewaySettings) -> int:

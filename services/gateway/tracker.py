@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from ferry.protocol import ErrorEvent, OutputBatch, TokenEvent
 
@@ -27,7 +28,7 @@ class Lost:
     bus_reconnect, worker_lost (a worker said so)."""
 
 
-Event = TokenEvent | ErrorEvent | Lost
+Event: TypeAlias = TokenEvent | ErrorEvent | Lost
 
 
 @dataclass(slots=True)

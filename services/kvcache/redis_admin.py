@@ -36,12 +36,12 @@ async def configure(client: aioredis.Redis, max_memory: str, policy: str) -> Red
         wanted["maxmemory"] = max_memory
     for name, value in wanted.items():
         await _config_set(client, name, value)
-    current = _text(await _config_get(client, "notify-keyspace-events"))
+    current = await _config_get(client, "notify-keyspace-events")
     flags = "".join(sorted(set(current + NOTIFY_FLAGS)))
     if not set(NOTIFY_FLAGS) <= set(current) and not await _config_set(client, "notify-keyspace-events", flags):
         log.warning("keyspace notifications are off: ferry.kv.events will miss stores and evictions")
     capacity = RedisCapacity(
-        int(_text(await _config_get(client, "maxmemory")) or 0), _text(await _config_get(client, "maxmemory-policy"))
+        int(await _config_get(client, "maxmemory") or 0), await _config_get(client, "maxmemory-policy")
     )
     _warn_about(capacity)
     return capacity
@@ -70,17 +70,13 @@ async def _config_set(client: aioredis.Redis, name: str, value: str) -> bool:
         return False
 
 
-async def _config_get(client: aioredis.Redis, name: str) -> str | bytes:
+async def _config_get(client: aioredis.Redis, name: str) -> str:
     try:
         found = await client.config_get(name)  # keys and values are str whatever decode_responses says
-        return found.get(name, found.get(name.encode(), ""))
+        return found.get(name) or ""
     except ResponseError as exc:
         log.warning("could not read Redis %s: %s", name, exc)
-        return b""
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+        return ""
 
 
 def keyevent_pattern(client: aioredis.Redis) -> str:

@@ -196,8 +196,9 @@ class KvCache:
         keys, self._pending_sets = self._pending_sets, []
         if keys:
             for key, size in zip(keys, await redis_admin.block_sizes(self.client, keys)):
-                if size:  # 0: deleted again before we looked; its del event follows
-                    self.index.stored(*parse_block_key(key), size)
+                parsed = parse_block_key(key)  # never None: only block keys are queued
+                if size and parsed is not None:  # size 0: deleted again before we looked; its del event follows
+                    self.index.stored(*parsed, size)
         await self._publish_changes()
 
     async def republish(self, request: KvResync) -> None:

@@ -64,8 +64,9 @@ class PrefixIndex:
             self._held.pop(key, None)
         elif kind == "removed":
             held = self._held.get(key)
-            for block_hash in block_hashes if held is not None else ():
-                held.pop(block_hash, None)
+            if held is not None:
+                for block_hash in block_hashes:
+                    held.pop(block_hash, None)
         elif kind == "stored":
             self._store(key, block_hashes)
         else:
@@ -100,12 +101,12 @@ class PrefixIndex:
     def tier_credits(self, namespace: str, worker_id: str, block_hashes: Sequence[bytes]) -> list[float]:
         """The credit of each leading block the worker could have without computing it."""
         config = self.config
-        places = [
+        candidates = [
             (config.device_weight, self._held.get((namespace, worker_id, "device"))),
             (config.host_weight, self._held.get((namespace, worker_id, "host"))),
             (config.remote_weight, self._held.get((namespace, STORE, "remote"))),
         ]
-        places = [(weight, held) for weight, held in places if held]
+        places = [(weight, held) for weight, held in candidates if held]
         credits = []
         for block_hash in block_hashes:
             best = max((weight for weight, held in places if block_hash in held), default=None)
@@ -117,8 +118,10 @@ class PrefixIndex:
     def only_in_store(self, namespace: str, worker_id: str, block_hashes: Sequence[bytes]) -> list[bytes]:
         """The prompt's leading blocks (as far as any tier holds them for this worker) that only the
         store holds: what a prefetch would bring into the worker."""
-        local = [self._held.get((namespace, worker_id, tier)) or {} for tier in ("device", "host")]
-        stored = self._held.get((namespace, STORE, "remote")) or {}
+        local: list[Mapping[bytes, None]] = [
+            self._held.get((namespace, worker_id, tier)) or {} for tier in ("device", "host")
+        ]
+        stored: Mapping[bytes, None] = self._held.get((namespace, STORE, "remote")) or {}
         missing = []
         for block_hash in block_hashes:
             if any(block_hash in held for held in local):

@@ -50,7 +50,9 @@ class Pulling:
                 await _wait(self.has_room, FETCH_WAIT_S)
                 continue
             try:
-                items = await self.consumer.fetch(min(budget, MAX_FETCH), self.work_type, timeout_s=FETCH_WAIT_S)
+                items: list[WorkItem[Any]] = await self.consumer.fetch(
+                    min(budget, MAX_FETCH), self.work_type, timeout_s=FETCH_WAIT_S
+                )
             except ServiceUnavailableError:  # our consumer is gone: JetStream restarted, or a balancer took us for dead
                 await self.restore_consumer()
                 continue

@@ -77,6 +77,8 @@ class CountedItem(WorkItem):
     """A pulled message that records its time here on the `work` input when it is first settled."""
 
     __slots__ = ("_counter", "_pulled_ns")
+    _counter: EndpointStats
+    _pulled_ns: int
 
     @classmethod
     def of(cls, item: WorkItem, counter: EndpointStats) -> CountedItem:

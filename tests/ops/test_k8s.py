@@ -299,3 +299,48 @@ def test_day_night_schedule_keeps_a_day_floor_above_the_night_floor(scaled):
         assert spec["minReplicaCount"] < day <= spec["maxReplicaCount"]
         # DeepSeek's ratio: ~70 of 278 nodes at night, i.e. the night floor is about a quarter
         assert 0.15 <= spec["minReplicaCount"] / day <= 0.35
+
+
+def _model_commands() -> dict[str, str]:
+    """The shell of every container that waits for or makes the model, by workload/container."""
+    found = {}
+    for workload in (d for d in DOCS if d["kind"] in WORKLOADS):
+        for container in _containers(workload):
+            if container["name"] in ("wait-for-model", "model-init"):
+                assert container["command"][:2] == ["sh", "-c"], container["command"]
+                found[f"{workload['metadata']['name']}/{container['name']}"] = container["command"][2]
+    return found
+
+
+def _run_model_command(script: str, model: str, tmp_path: Path, timeout_s: float = 2.0) -> subprocess.CompletedProcess:
+    # No `ferry` on PATH: a command that tried to make a model would fail instead of writing one.
+    env = {"PATH": "/usr/bin:/bin", "FERRY_MODEL": model}
+    return subprocess.run(
+        ["sh", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=timeout_s
+    )
+
+
+def test_the_default_model_is_smollm2_like_compose():
+    from ferry.model.source import DEFAULT_MODEL
+
+    assert _by_kind("ConfigMap")["ferry-env"]["data"]["FERRY_MODEL"] == DEFAULT_MODEL == "smollm2"
+    assert len(_model_commands()) == 7  # model-init and one wait per workload that reads the model
+
+
+@pytest.mark.parametrize("model", ["smollm2", "{tmp}/m.gguf", "{tmp}/ckpt"])
+def test_model_containers_go_on_at_once_for_a_model_that_is_there(model, tmp_path):
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt/config.json").write_text("{}")
+    for where, script in _model_commands().items():
+        done = _run_model_command(script, model.format(tmp=tmp_path), tmp_path)
+        assert done.returncode == 0, (where, done.stderr)
+
+
+@pytest.mark.parametrize("model", ["{tmp}/m.gguf", "{tmp}/ckpt"])
+def test_wait_for_model_waits_for_a_file_or_folder_still_missing(model, tmp_path):
+    waits = {where: script for where, script in _model_commands().items() if where.endswith("/wait-for-model")}
+    for where, script in waits.items():
+        with pytest.raises(subprocess.TimeoutExpired):
+            _run_model_command(script, model.format(tmp=tmp_path), tmp_path, timeout_s=0.3)
+            pytest.fail(f"{where} went on without {model}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar, Union, overload
 
 import msgpack
 
@@ -61,7 +61,15 @@ def encode(msg: Any) -> bytes:
     return msgpack.packb([PROTOCOL_VERSION, tag, _to_wire(msg)], use_bin_type=True)
 
 
-def decode(data: bytes, expected: type[T] | None = None) -> T:
+@overload
+def decode(data: bytes) -> object: ...
+@overload
+def decode(data: bytes, expected: type[T]) -> T: ...
+@overload
+def decode(data: bytes, expected: None) -> object: ...
+
+
+def decode(data: bytes, expected: type[T] | None = None) -> Any:
     """Parse and validate wire bytes. With `expected`, any other message type is an error."""
     if len(data) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"message is {len(data)} bytes, over the {MAX_MESSAGE_BYTES} limit")
