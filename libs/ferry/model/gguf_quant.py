@@ -64,6 +64,7 @@ def gguf_quantizer(gguf, tie_word_embeddings: bool) -> Quantizer:
 
     def quantizer(names: list[str], weight: torch.Tensor) -> QuantizedWeight | None:
         parts = [raw(name) for name in names]
-        return None if any(p is None for p in parts) else concat_rows(parts)
+        kept = [p for p in parts if p is not None]
+        return concat_rows(kept) if len(kept) == len(parts) else None
 
     return quantizer

@@ -86,7 +86,7 @@ def load_model(
     elif weights_dtype == "auto" and gguf and quantize_linears(model, gguf_quantizer(gguf, config.tie_word_embeddings)):
         held = f"gguf-{_bits_name(model)}-{held}"  # the file's own Q8_0/Q4_x codes
     if held_bits(model):
-        model.weights_dtype = _bits_name(model)  # read by ferry.model.describe (a GGUF may mix int8 and int4)
+        setattr(model, "weights_dtype", _bits_name(model))  # noqa: B010 (nn.Module's typed __setattr__); read by ferry.model.describe (a GGUF may mix int8 and int4)
     if torch.device(device).type == "cpu":
         model.prepack_cpu_weights()
     model.eval()
