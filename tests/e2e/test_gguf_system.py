@@ -35,7 +35,7 @@ def test_ferry_up_serves_a_gguf_file(nats_url, redis_url, tmp_path):
         client = openai.OpenAI(base_url=f"{system.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
         card = client.models.list().data[0].model_dump()
         assert card["id"] == "tiny-qwen.Q8_0" and card["architecture"] == "qwen2"
-        assert card["checkpoint_dtype"] == "Q8_0" and card["weights_dtype"] == "float32"
+        assert card["checkpoint_dtype"] == "Q8_0" and card["weights_dtype"] == "int8"  # auto keeps the Q8_0 codes
         reply = client.completions.create(model=card["id"], prompt=PROMPT, max_tokens=12, temperature=0)
         assert reply.choices[0].text == _engine_text(path, 12)
     finally:
