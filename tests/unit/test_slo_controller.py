@@ -68,10 +68,10 @@ def test_prompts_near_their_ttft_deadline_get_the_chunk_they_need():
     assert pressed == 396 > relaxed  # 9500 tokens in 24 steps: TTFT now outweighs the deferral
 
 
-def test_an_infeasible_target_keeps_the_fixed_cap_and_says_so():
+def test_an_infeasible_target_takes_the_smallest_cap_and_says_so():
     ctl = SloController(trained(), SloTargets(tpot_ms=6.0), ControllerLimits(fixed_num_seqs=24))
     plan = ctl.decode_plan(TokenMix(100, 100))  # even 4 sequences take > 6 ms a step here
-    assert (plan.max_num_seqs, plan.is_feasible, plan.capacity_rps) == (24, False, 0.0)
+    assert (plan.max_num_seqs, plan.is_feasible, plan.capacity_rps) == (4, False, 0.0)
     assert ctl.desired_replicas(50.0, plan, current=2) == 2
 
 

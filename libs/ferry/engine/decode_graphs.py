@@ -45,9 +45,9 @@ class DecodeGraphs:
         if device.type == "cuda":
             self._host = self._host.pin_memory()
         self._device = torch.zeros_like(self._host, device=device)
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor]] = {}
+        self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # bucket: (CUDAGraph or None, its logits)
         self._context_lens: tuple[int, ...] = ()
-        self._pool: Any = None  # the graphs' shared memory pool handle, after the first capture
+        self._pool: Any = None  # the graphs share one memory pool
 
     def runs(self, num_new_tokens: list[int]) -> bool:
         """True for a pure-decode step that fits a bucket."""
@@ -58,7 +58,7 @@ class DecodeGraphs:
         -> [B, vocab] logits."""
         num_seqs = len(token_ids)
         bucket = bucket_for(num_seqs, self.buckets)
-        assert bucket is not None, f"{num_seqs} sequences fit no bucket: the caller checks runs() first"
+        assert bucket is not None, "run() only steps that runs() accepts"
         self._fill(token_ids, context_lens, block_tables, bucket)
         if bucket not in self._graphs:  # not warmed up: prepared now, on this step's inputs
             self._graphs[bucket] = self._prepare(bucket)
@@ -123,7 +123,7 @@ class DecodeGraphs:
         ids, positions, meta = self._inputs(bucket)
         return self.model(ids, positions, meta, self.kv)
 
-    def _prepare(self, bucket: int) -> tuple[torch.cuda.CUDAGraph | None, torch.Tensor]:
+    def _prepare(self, bucket: int) -> tuple[object, torch.Tensor]:
         if not self.capture:
             return None, self._forward(bucket)
         ids, positions, meta = self._inputs(bucket)

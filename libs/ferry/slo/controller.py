@@ -23,8 +23,8 @@ Inputs: the worker's StepTimeModel, the SLO targets and the traffic's token mix 
   up, is how many replicas the role wants. A prefill replica's capacity is its chunk rate over the
   mean prompt.
 
-Before the step model has seen enough steps, and when no cap meets the TPOT target at all, the
-configured fixed limits apply. Pure Python.
+Before the step model has seen enough steps the configured fixed limits apply; when no cap meets
+the TPOT target at all, the smallest cap does. Pure Python.
 """
 
 from __future__ import annotations
@@ -113,8 +113,9 @@ class Plan:
     """Requests/s one replica serves within the targets."""
     is_model_ready: bool
     is_feasible: bool = True
-    """False: not even min_num_seqs meets the TPOT target; the fixed cap applies (throttling
-    would only add queueing to latency that misses anyway) and capacity_rps is 0."""
+    """False: not even min_num_seqs meets the TPOT target; the cap is min_num_seqs (the shortest
+    decode step misses by least; falling back to the fixed cap measured worse, ops/bench/slo) and
+    capacity_rps is 0."""
 
 
 class SloController:
@@ -138,9 +139,9 @@ class SloController:
             return self._step_ms(b, math.ceil(b * share), b * mix.mean_context_tokens)
 
         lim = self.limits
-        if step(lim.min_num_seqs) > self.targets.tpot_ms:
-            fixed = lim.fixed_num_seqs
-            return Plan(fixed, math.ceil(fixed * share), step(fixed), 0.0, True, is_feasible=False)
+        if step(lim.min_num_seqs) > self.targets.tpot_ms:  # the shortest decode step misses least
+            least = lim.min_num_seqs
+            return Plan(least, math.ceil(least * share), step(least), 0.0, True, is_feasible=False)
         cap = _largest(lim.min_num_seqs, lim.max_num_seqs, lambda b: step(b) <= self.targets.tpot_ms)
         step_ms = step(cap)
         capacity_rps = cap / max(mix.mean_output_tokens, 1.0) / (step_ms / 1000.0)
