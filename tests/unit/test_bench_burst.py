@@ -67,3 +67,31 @@ def test_targets_need_equal_or_lower_ttft_against_transformers_serve():
     assert rows["ferry-generate", "hf-static"]["met"] is None  # not measured
     systems["ferry-up"]["ttft_ms"]["p50"] = 700
     assert {(r["numerator"], r["denominator"]): r for r in report.targets(meta, systems)}["ferry-up", "hf-serve"]["met"]
+
+
+def test_llamacpp_targets_cover_every_ferry_up_variant_at_equal_or_lower_ttft():
+    meta = {"machine_matmul_gflops": 20.0}
+    systems = {"ferry-up": _system(100, 900), "ferry-up:f32": _system(80, 500), "llamacpp": _system(45, 600)}
+    rows = {(r["numerator"], r["denominator"]): r for r in report.targets(meta, systems)}
+    assert rows["ferry-up", "llamacpp"]["value"] == pytest.approx(100 / 45)
+    assert rows["ferry-up", "llamacpp"]["met"] is False  # 2.2x, but a higher TTFT p50
+    assert rows["ferry-up:f32", "llamacpp"]["value"] == pytest.approx(80 / 45)
+    assert rows["ferry-up:f32", "llamacpp"]["met"] is False  # lower TTFT, under 2x
+    systems["ferry-up"]["ttft_ms"]["p50"] = 600
+    assert {(r["numerator"], r["denominator"]): r for r in report.targets(meta, systems)}["ferry-up", "llamacpp"]["met"]
+
+
+def test_greedy_texts_are_set_side_by_side_with_agreement():
+    from ferry.bench.throughput.greedy import PROMPTS
+
+    texts = [f"answer {i}" for i in range(len(PROMPTS))]
+    other = ["answer 0 | x", *texts[1:]]
+    systems = {"ferry-up": {"greedy_texts": texts}, "llamacpp": {"greedy_texts": other}, "hf-serve": {}}
+    lines = report._greedy(systems)
+    assert "| prompt | ferry-up | llamacpp | agree |" in lines
+    rows = [line for line in lines if line.startswith(f"| {PROMPTS[0]}")] + [
+        line for line in lines if line.startswith(f"| {PROMPTS[1]}")
+    ]
+    assert rows[0].endswith("equal to ferry-up: none |") and "answer 0 \\| x" in rows[0]
+    assert rows[1].endswith("equal to ferry-up: llamacpp |")
+    assert report._greedy({"ferry-up": {}}) == []

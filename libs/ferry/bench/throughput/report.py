@@ -13,18 +13,29 @@ TARGETS = (
     ("ferry-generate", "hf-static", "output_tokens_per_s", 3.0, "offline: `ferry generate` >= 3x transformers static"),
     ("engine", "matmul", "model_gflops", 0.6, "engine: model FLOPs delivered >= 60% of the matmul rate"),
     ("ferry-up", "matmul", "model_gflops", 0.6, "`ferry up`: model FLOPs delivered >= 60% of the matmul rate"),
+    ("ferry-up", "llamacpp", "output_tokens_per_s", 2.0, "`ferry up` >= 2x llama.cpp's server (same GGUF)"),
 )
+TTFT_BOUND = ("hf-serve", "llamacpp")  # bars against these servers hold only at equal or lower TTFT p50
+
+
+def _targets(systems: dict[str, dict]) -> list[tuple]:
+    """TARGETS, plus each `ferry up` variant against llama.cpp's server when both ran."""
+    rows = list(TARGETS)
+    for name in systems:
+        if name.startswith("ferry-up:") and "llamacpp" in systems:
+            rows.append((name, "llamacpp", "output_tokens_per_s", 2.0, f"`{name}` >= 2x llama.cpp's server"))
+    return rows
 
 
 def targets(meta: dict, systems: dict[str, dict]) -> list[dict]:
     rows = []
-    for num, den, figure, bar, claim in TARGETS:
+    for num, den, figure, bar, claim in _targets(systems):
         a = (systems.get(num) or {}).get(figure)
         b = meta["machine_matmul_gflops"] if den == "matmul" else (systems.get(den) or {}).get(figure)
         value = a / b if a and b else None
         row = {"claim": claim, "numerator": num, "denominator": den, "figure": figure, "bar": bar, "value": value}
         row["met"] = None if value is None else value >= bar
-        if den == "hf-serve" and value is not None:  # the bar holds at equal or lower TTFT p50
+        if den in TTFT_BOUND and value is not None:  # the bar holds at equal or lower TTFT p50
             ttft = [(systems[s]["ttft_ms"] or {}).get("p50") for s in (num, den)]
             row["ttft_p50_ms"] = ttft
             row["met"] = row["met"] and ttft[0] is not None and ttft[1] is not None and ttft[0] <= ttft[1]
@@ -72,6 +83,7 @@ def markdown(meta: dict, systems: dict, problems: dict, rows: list[dict]) -> str
             "",
             "`ferry up` variants: " + "; ".join(f"{k}: `{' '.join(v)}`" for k, v in meta["ferry_up_variants"].items()),
         ]
+    lines += _greedy(systems)
     if problems:
         lines += ["", "## Problems", *[f"- {k}: {v[:500]}" for k, v in problems.items()]]
     lines += [
@@ -82,6 +94,23 @@ def markdown(meta: dict, systems: dict, problems: dict, rows: list[dict]) -> str
         "",
     ]
     return "\n".join(lines)
+
+
+def _greedy(systems: dict) -> list[str]:
+    """The systems' greedy texts side by side, one row per prompt, and whether each equals the first's."""
+    from ferry.bench.throughput.greedy import PROMPTS
+
+    names = [n for n, s in systems.items() if s.get("greedy_texts")]
+    if not names:
+        return []
+    lines = ["", "## Greedy texts (chat, temperature 0, 32 tokens)", ""]
+    lines += ["| prompt | " + " | ".join(names) + " | agree |", "|---" * (len(names) + 2) + "|"]
+    for i, prompt in enumerate(PROMPTS):
+        texts = [systems[n]["greedy_texts"][i] for n in names]
+        cells = [t.replace("|", "\\|").replace("\n", " ") for t in texts]
+        agree = ", ".join(n for n, t in zip(names[1:], texts[1:], strict=True) if t == texts[0]) or "none"
+        lines.append(f"| {prompt} | " + " | ".join(cells) + f" | equal to {names[0]}: {agree} |")
+    return lines
 
 
 def plot(path: Path, meta: dict, systems: dict[str, dict]) -> None:

@@ -4,6 +4,8 @@
   ferry-up[:V]    `ferry up` under the burst over HTTP (48 streaming completions sent at once);
                   each --ferry-up V=ARGS adds a variant started with those `ferry up` options
   hf-serve        `transformers serve --continuous-batching` under the same burst
+  llamacpp        llama-cpp-python's OpenAI server on the same .gguf file (optional: not in the default
+                  systems; installed on demand in its own venv, whose python --llamacpp-python names)
   ferry-generate  `ferry generate --prompts-file` on the burst, the whole process timed (start to exit)
   hf-static       transformers' static batched `generate` (hf_static.py), the whole process timed
 
@@ -30,16 +32,21 @@ from pathlib import Path
 from ferry.bench.compare import servers
 from ferry.bench.http_client import CompletionCall
 from ferry.bench.online import OnlineConfig, detect_model, ids_to_text, run_phase
-from ferry.bench.throughput import burst, report
+from ferry.bench.throughput import burst, greedy, report
 from ferry.bench.workload import BURST_LENGTH_CONTROL
+from ferry.model.config import read_config
+from ferry.model.source import resolve_model
 
 SYSTEMS = ("engine", "ferry-up", "hf-serve", "ferry-generate", "hf-static")
+OPTIONAL = ("llamacpp",)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--model", type=Path, help="checkpoint (default: a fresh `ferry make-model --size bench`)")
+    p.add_argument(
+        "--model", help="checkpoint folder, .gguf or smollm2 (default: a fresh `ferry make-model --size bench`)"
+    )
     p.add_argument("--systems", default=",".join(SYSTEMS), help="default %(default)s")
     p.add_argument("--num-requests", type=int, help="default: the burst's 48")
     p.add_argument("--seed", type=int, default=0)
@@ -53,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--engine-threads", type=int, default=0, help="the in-process engine's torch threads (0: torch's)")
     p.add_argument("--hf-batch-size", type=int, default=16)
+    p.add_argument("--llamacpp-python", help="python of a venv with llama-cpp-python[server] (system llamacpp)")
+    p.add_argument("--llamacpp-threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--greedy-texts", action="store_true", help="HTTP systems: also record greedy.PROMPTS' texts")
     p.add_argument("--ready-timeout", type=float, default=300.0)
     p.add_argument("--phase-time-limit", type=float, default=600.0)
     return p.parse_args(argv)
@@ -61,12 +71,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     chosen = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if set(chosen) - set(SYSTEMS):
-        raise SystemExit(f"--systems: choose from {SYSTEMS}")
+    if set(chosen) - set(SYSTEMS + OPTIONAL):
+        raise SystemExit(f"--systems: choose from {SYSTEMS + OPTIONAL}")
+    if "llamacpp" in chosen and not args.llamacpp_python:
+        raise SystemExit("--systems llamacpp needs --llamacpp-python (see ops/bench/throughput/README.md)")
     variants = dict(_variant(v) for v in args.ferry_up)
     args.out.mkdir(parents=True, exist_ok=True)
-    model_dir = args.model or _make_checkpoint()
-    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    model_dir = resolve_model(args.model) if args.model else _make_checkpoint()
+    vocab = read_config(model_dir).vocab_size
     requests = burst.burst_requests(vocab, args.num_requests, args.seed)
     prompts = burst.write_prompts(requests, Path(tempfile.mkdtemp(prefix="ferry-burst-")) / "burst.jsonl")
     systems: dict[str, dict] = {}
@@ -82,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         plan.insert(0, ("engine", lambda: _engine(args, model_dir, prompts)))
     http: list[tuple[str, list[str] | None]] = [("ferry-up", [])] if "ferry-up" in chosen else []
     http += [(f"ferry-up:{name}", extra) for name, extra in variants.items()]
-    http += [("hf-serve", None)] if "hf-serve" in chosen else []
+    http += [(n, None) for n in ("hf-serve", "llamacpp") if n in chosen]
     for name, extra in http:
         plan.append((name, lambda n=name, e=extra: _http(n, e, args, model_dir, requests, flops_per_token)))  # type: ignore[misc]
     for name, fn in plan:
@@ -182,12 +194,16 @@ def _http(name: str, extra: list[str] | None, args, model_dir: Path, requests, f
     """Start the server, warm it up, send the burst, stop it."""
     run_dir = args.out / name.replace(":", "-")
     run_dir.mkdir(parents=True, exist_ok=True)
-    if extra is None:
+    health = "/health"
+    if name == "llamacpp":
+        server = servers.start_llamacpp(args.llamacpp_python, model_dir, run_dir, args.llamacpp_threads)
+        marker, health = None, "/v1/models"
+    elif extra is None:
         server, marker = servers.start_hf_serve(model_dir, run_dir, []), None
     else:
         server, marker = servers.start_ferry_up(model_dir, run_dir, extra), "ferry up: ready"
     try:
-        problem = servers.wait_ready(server, args.ready_timeout, log_marker=marker)
+        problem = servers.wait_ready(server, args.ready_timeout, log_marker=marker, health_path=health)
         if problem:
             raise RuntimeError(problem)
         config = OnlineConfig(
@@ -206,6 +222,7 @@ def _http(name: str, extra: list[str] | None, args, model_dir: Path, requests, f
             for r in requests
         ]
         phase = asyncio.run(run_phase(calls, [0.0] * len(calls), config, "burst", math.inf))
+        texts = greedy.greedy_texts(server.base_url, config.model) if args.greedy_texts else None
     finally:
         servers.stop(server)
     ok = [r for r in phase.results if r.ok]
@@ -220,6 +237,8 @@ def _http(name: str, extra: list[str] | None, args, model_dir: Path, requests, f
         [r.ttft_s for r in ok if r.ttft_s is not None],
         flops_per_token,
     )
+    if texts is not None:
+        row["greedy_texts"] = texts
     row["finish_reasons"] = {k: sum(1 for r in ok if r.finish_reason == k) for k in {r.finish_reason for r in ok}}
     return row
 
