@@ -312,7 +312,7 @@ COLORS = {
 
 
 def plot(result: dict, file: Path) -> None:
-    from ferry.bench.plots import pyplot
+    from ferry.bench.plots import pyplot, save_figure
 
     plt = pyplot()
 
@@ -348,8 +348,7 @@ def plot(result: dict, file: Path) -> None:
         axes[2].set_xlabel("cached tokens per sequence")
         axes[2].set_ylabel("decode tokens per CPU second")
         axes[2].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(file, dpi=110)
+    save_figure(fig, file)
 
 
 def main() -> None:

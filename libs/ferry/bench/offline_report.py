@@ -135,7 +135,7 @@ def write_plots(
 
 
 def _bars(path: Path, results: dict[str, RunResult], title: str) -> str:
-    from ferry.bench.plots import pyplot
+    from ferry.bench.plots import pyplot, save_figure
 
     plt = pyplot()
 
@@ -143,14 +143,12 @@ def _bars(path: Path, results: dict[str, RunResult], title: str) -> str:
     ax.bar([LABELS[s] for s in results], [r.output_tokens / r.busy_s for r in results.values()], color="tab:blue")
     ax.set_ylabel("output tokens/s")
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path.name
 
 
 def _latency_cdfs(path: Path, online: list[OnlineRun], basis: str) -> str:
-    from ferry.bench.plots import pyplot
+    from ferry.bench.plots import pyplot, save_figure
 
     plt = pyplot()
 
@@ -163,7 +161,5 @@ def _latency_cdfs(path: Path, online: list[OnlineRun], basis: str) -> str:
         ax.set_ylabel("fraction of requests")
         ax.set_title(f"Poisson {rate_rps:.2f} req/s ({fraction:g} x {LABELS[basis]} capacity)", fontsize=10)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path.name

@@ -139,10 +139,9 @@ def run_batch(models: dict, batch: int, args: argparse.Namespace, vocab: int) ->
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
+    from ferry.bench.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = report["batches"]
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -155,8 +154,7 @@ def plot(report: dict, path: Path) -> None:
     ax.set_yscale("log")
     ax.set_title(f"decode step by weights dtype: {report['workload']['model_name']}")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main() -> int:

@@ -166,7 +166,7 @@ def plot(path: Path, systems: dict[str, dict[str, dict]]) -> bool:
     names = [s for s in r.SYSTEMS if s in systems]
     if not names:
         return False
-    from ferry.bench.plots import pyplot
+    from ferry.bench.plots import pyplot, save_figure
 
     plt = pyplot()
 
@@ -184,9 +184,7 @@ def plot(path: Path, systems: dict[str, dict[str, dict]]) -> bool:
     poisson = sorted({p for by_phase in systems.values() for p in by_phase if r.phase_kind(p) == r.POISSON})
     right.set_title(f"latency at {poisson[0] if poisson else 'the Poisson rate (not run)'}")
     right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

@@ -255,7 +255,7 @@ def report(args, model: Path, rounds: list[dict]) -> dict:
 
 
 def plot(out: Path, result: dict) -> None:
-    from ferry.bench.plots import pyplot
+    from ferry.bench.plots import pyplot, save_figure
 
     plt = pyplot()
 
@@ -277,8 +277,7 @@ def plot(out: Path, result: dict) -> None:
     for ax in (a, b):
         ax.set_xticks(list(xs), [f"round {i}" for i in xs])
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "report.png", dpi=110)
+    save_figure(fig, out / "report.png")
 
 
 def one_round(engine, base_url: str, model_name: str, args, seed: int) -> dict:
