@@ -120,7 +120,7 @@ class BlockManager:
     def match_prefix(self, seq: Sequence) -> PrefixMatch:
         if not self.enable_prefix_caching:
             return PrefixMatch([], False)
-        self._extend_hashes(seq)
+        self.extend_hashes(seq)
         max_hits = (seq.num_tokens - 1) // self.block_size  # leave >= 1 token to compute logits
         hits: list[int] = []
         for block_hash in seq.block_hashes[:max_hits]:
@@ -193,7 +193,7 @@ class BlockManager:
         if num_full <= seq.num_committed_blocks:
             return
         if self.enable_prefix_caching:
-            self._extend_hashes(seq)
+            self.extend_hashes(seq)
         for i in range(seq.num_committed_blocks, num_full):
             block_id = seq.block_ids[i]
             if self._is_computed[block_id]:
@@ -216,7 +216,8 @@ class BlockManager:
         seq.num_committed_blocks = 0
 
     # ---- internals -----------------------------------------------------------------------
-    def _extend_hashes(self, seq: Sequence) -> None:
+    def extend_hashes(self, seq: Sequence) -> None:
+        """Hash seq's full blocks that are not hashed yet (seq.block_hashes grows; earlier ones are kept)."""
         size, hashes, tokens = self.block_size, seq.block_hashes, seq.token_ids
         for i in range(len(hashes), len(tokens) // size):
             parent = hashes[i - 1] if i else None

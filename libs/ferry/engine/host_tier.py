@@ -16,8 +16,8 @@ import torch
 
 from ferry.engine.block_manager import BlockManager
 from ferry.engine.host_cache import HostBlockCache
+from ferry.engine.sequence import Sequence as Seq
 from ferry.model.kv_cache import PagedKVCache
-from ferry.protocol import hash_full_blocks
 
 
 class HostTier:
@@ -40,10 +40,12 @@ class HostTier:
             self.cache.put(block_hash, block)
         self._evicted.clear()
 
-    def promote(self, token_ids: Sequence[int]) -> int:
-        """Load the prompt's leading blocks that only the host holds into free pool slots; how many."""
+    def promote(self, seq: Seq) -> int:
+        """Load the prompt's leading blocks that only the host holds into free pool slots; how many.
+        Hashes the sequence's blocks once, in seq.block_hashes, where admission finds them."""
         bm = self.block_manager
-        hashes = hash_full_blocks(token_ids, bm.block_size)[: (len(token_ids) - 1) // bm.block_size]
+        bm.extend_hashes(seq)
+        hashes = seq.block_hashes[: (seq.num_tokens - 1) // bm.block_size]
         num_device = bm.num_leading_cached(hashes)
         num_host = self.cache.num_leading(hashes, num_device)
         # only as many as the free list holds beyond this prompt's own cached blocks: a longer run

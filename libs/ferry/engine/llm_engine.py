@@ -94,7 +94,7 @@ class LLMEngine(KvTiers):
     ) -> None:
         state = self._new_state(request_id, prompt_token_ids, output_token_ids, sampling, arrival_time)
         if self.host is not None:
-            self.host.promote(state.seq.token_ids)
+            self.host.promote(state.seq)
         self._requests[request_id] = state
         self.scheduler.add(state.seq)
 
