@@ -81,6 +81,26 @@ def test_llamacpp_targets_cover_every_ferry_up_variant_at_equal_or_lower_ttft():
     assert {(r["numerator"], r["denominator"]): r for r in report.targets(meta, systems)}["ferry-up", "llamacpp"]["met"]
 
 
+def test_vllm_targets_sit_beside_llamacpps_for_every_variant():
+    meta = {"machine_matmul_gflops": 20.0}
+    systems = {"ferry-up": _system(150, 500), "ferry-up:f32": _system(90, 500), "vllm": _system(70, 600)}
+    rows = {(r["numerator"], r["denominator"]): r for r in report.targets(meta, systems)}
+    assert rows["ferry-up", "vllm"]["value"] == pytest.approx(150 / 70) and rows["ferry-up", "vllm"]["met"]
+    assert rows["ferry-up:f32", "vllm"]["met"] is False  # 1.3x
+    assert rows["ferry-up", "llamacpp"]["met"] is None and ("ferry-up:f32", "llamacpp") not in rows
+    systems["vllm"]["ttft_ms"]["p50"] = 400  # 2.1x, but at a higher TTFT p50
+    assert not {(r["numerator"], r["denominator"]): r for r in report.targets(meta, systems)}["ferry-up", "vllm"]["met"]
+
+
+def test_a_peer_without_its_venv_is_refused_before_anything_runs(tmp_path):
+    from ferry.bench.throughput import run
+
+    for peer in ("llamacpp", "vllm"):
+        with pytest.raises(SystemExit, match=f"--{peer}-python"):
+            run.main(["--out", str(tmp_path / "out"), "--systems", f"ferry-up,{peer}"])
+    assert not (tmp_path / "out").exists()
+
+
 def test_greedy_texts_are_set_side_by_side_with_agreement():
     from ferry.bench.throughput.greedy import PROMPTS
 

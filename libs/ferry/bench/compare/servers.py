@@ -96,17 +96,6 @@ def start_hf_serve(model_dir: Path, run_dir: Path, extra_args: list[str]) -> Ser
     return spawn("hf-serve", argv, f"http://127.0.0.1:{port}", run_dir, env)
 
 
-def start_llamacpp(python: str, gguf: Path, run_dir: Path, threads: int) -> ServerProcess:
-    """llama-cpp-python's OpenAI server (`python -m llama_cpp.server`, from its own venv: `python`) on
-    the GGUF file, with `threads` threads; `--interrupt_requests False` so a new request waits for the
-    running one instead of cancelling it (the server runs one completion at a time)."""
-    port = free_port()
-    argv = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--n_ctx", "4096", "--n_threads", str(threads), "--n_threads_batch", str(threads)]
-    argv += ["--interrupt_requests", "False"]
-    return spawn("llamacpp", argv, f"http://127.0.0.1:{port}", run_dir)
-
-
 def wait_ready(
     server: ServerProcess, timeout_s: float, log_marker: str | None = None, health_path: str = "/health"
 ) -> str:

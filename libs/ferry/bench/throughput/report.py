@@ -14,16 +14,19 @@ TARGETS = (
     ("engine", "matmul", "model_gflops", 0.6, "engine: model FLOPs delivered >= 60% of the matmul rate"),
     ("ferry-up", "matmul", "model_gflops", 0.6, "`ferry up`: model FLOPs delivered >= 60% of the matmul rate"),
     ("ferry-up", "llamacpp", "output_tokens_per_s", 2.0, "`ferry up` >= 2x llama.cpp's server (same GGUF)"),
+    ("ferry-up", "vllm", "output_tokens_per_s", 2.0, "`ferry up` >= 2x vLLM's CPU build (same weights)"),
 )
-TTFT_BOUND = ("hf-serve", "llamacpp")  # bars against these servers hold only at equal or lower TTFT p50
+PEER_NAMES = {"llamacpp": "llama.cpp's server", "vllm": "vLLM's CPU build"}
+TTFT_BOUND = ("hf-serve", *PEER_NAMES)  # bars against these servers hold only at equal or lower TTFT p50
 
 
 def _targets(systems: dict[str, dict]) -> list[tuple]:
-    """TARGETS, plus each `ferry up` variant against llama.cpp's server when both ran."""
+    """TARGETS, plus each `ferry up` variant against each peer (llama.cpp, vLLM) when both ran."""
     rows = list(TARGETS)
     for name in systems:
-        if name.startswith("ferry-up:") and "llamacpp" in systems:
-            rows.append((name, "llamacpp", "output_tokens_per_s", 2.0, f"`{name}` >= 2x llama.cpp's server"))
+        for peer, label in PEER_NAMES.items():
+            if name.startswith("ferry-up:") and peer in systems:
+                rows.append((name, peer, "output_tokens_per_s", 2.0, f"`{name}` >= 2x {label}"))
     return rows
 
 
