@@ -74,9 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    chosen = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if set(chosen) - set(SYSTEMS + OPTIONAL):
-        raise SystemExit(f"--systems: choose from {SYSTEMS + OPTIONAL}")
+    chosen = servers.parse_systems(args.systems, SYSTEMS + OPTIONAL)
     for peer in peers.PEERS:
         if peer in chosen and not getattr(args, f"{peer}_python"):
             raise SystemExit(f"--systems {peer} needs --{peer}-python (see ops/bench/throughput/README.md)")
