@@ -71,9 +71,9 @@ class DecodeWorker(Worker):
         taken = await self.compute.call(self.engine.take_finished_kv, sequence_id, skip)
         if taken is None:
             return
-        hashes, data = taken
+        hashes, copy = taken
         try:
-            await self.store.put_blocks(hashes, data)
+            await self.store.put_blocks(hashes, await copy.result())
         except KvStoreError as exc:
             log.info("output KV of %s not written back: %s", request.request_id, exc)
             return
@@ -81,7 +81,9 @@ class DecodeWorker(Worker):
 
     async def fetch_kv(self, handoff: Handoff) -> FetchedKV | None:
         data = await self.load_blocks(handoff)
-        return FetchedKV(data, handoff.num_kv_tokens) if data is not None else None
+        if data is None:
+            return None  # staged here: the copy to the device overlaps the running batch's steps
+        return FetchedKV(self.engine.stage_kv(data), handoff.num_kv_tokens)
 
     async def load_blocks(self, handoff: Handoff):
         """[n, *block_shape] KV of the hand-off, or None when it cannot be used."""
