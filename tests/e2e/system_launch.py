@@ -64,14 +64,16 @@ def start_system(
     prefill: int = 0,
     decode: int = 0,
     both: int = 0,
+    ep_size: int = 1,
     extra_env: dict[str, str] | None = None,
 ) -> RunningSystem:
-    """`both` > 0: that many FERRY_ROLE=both workers (`--layout both`), else prefill + decode workers."""
+    """`both` > 0: that many FERRY_ROLE=both workers (`--layout both`), else prefill + decode workers;
+    `ep_size` > 1: each worker a group of that many ranks."""
     port = free_port()
     workers = ["--layout", "both", "--workers", str(both)] if both else []
     workers = workers or ["--prefill-workers", str(prefill), "--decode-workers", str(decode)]
     cmd = ferry_up_argv(model_dir, port, run_dir, *workers, "--nats-url", nats_url, "--redis-url", redis_url)
-    cmd += ["--num-kv-blocks", "256", "--max-running", "16"]
+    cmd += ["--num-kv-blocks", "256", "--max-running", "16", "--ep-size", str(ep_size)]
     # XDG_CONFIG_HOME: the nats CLI context `ferry up` saves lands in the run dir, not in ~/.config
     env = {
         **os.environ,

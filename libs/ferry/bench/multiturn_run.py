@@ -88,6 +88,7 @@ def _run_mode(mode, model, config, nats_url, redis_url, args, run_dir: Path) -> 
         prefill_workers=1,
         decode_workers=1,
         num_kv_blocks=None,
+        weights_dtype=getattr(args, "weights_dtype", None),
         max_running=args.max_num_seqs,
         max_batch_tokens=None,
         torch_threads=1,  # six processes share the machine
