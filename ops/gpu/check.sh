@@ -9,6 +9,7 @@
 #   kvcopy   KV blocks copied out and in on the side stream while the engine decodes: the copies must
 #            overlap the steps, the engine thread must not wait for them, the blocks byte-identical
 #   bench    ferry bench --offline, dynamic vs static batching, on that checkpoint
+# The steps share a budget (FERRY_CHECK_BUDGET_S, default 450 s): each step's timeout is cut to what is left.
 # Results: JSON under $OUT (summary.json: each step's exit status and seconds, plus the step's own
 # JSON / junit XML); the exit status is non-zero when any step failed. Usage:
 #   OUT=/tmp/gpu-check bash ops/gpu/check.sh [--dry] [--steps kernels,parity,model,decode,kvcopy,bench]
@@ -43,13 +44,23 @@ fi
 CKPT="$OUT/model-$SIZE"
 declare -A RC SECS
 
+BUDGET_S=${FERRY_CHECK_BUDGET_S:-450}  # the whole run ends within this (+ the summary): 8 minutes with setup
+DEADLINE=$((SECONDS + BUDGET_S))
+
 run_step() {  # name timeout_s command...
   local name=$1 limit=$2; shift 2
   case ",$STEPS," in *",$name,"*) ;; *) return ;; esac
-  echo "== $name" >&2
+  local left=$((DEADLINE - SECONDS))
+  [ "$left" -lt "$limit" ] && limit=$left  # a step never runs past the budget: it times out (rc 124)
+  echo "== $name (at most ${limit}s)" >&2
   local start=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  RC[$name]=$?
+  if [ "$limit" -gt 0 ]; then
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    RC[$name]=$?
+  else
+    echo "check.sh: no time left in the ${BUDGET_S}s budget" >"$OUT/$name.log"
+    RC[$name]=124
+  fi
   SECS[$name]=$((SECONDS - start))
   tail -n 3 "$OUT/$name.log" >&2
 }
