@@ -44,7 +44,7 @@ def run_ep_load(
     start = time.perf_counter()
     run = generate_on_group(model, prompts, sampling, config, ep_size, mode=mode)
     elapsed_s = time.perf_counter() - start
-    ranks = rank_loads(run, [len(p["prompt_token_ids"]) for p in prompts], ep_size)
+    ranks = rank_loads(run, [len(r.prompt_token_ids) for r in requests], ep_size)
     report = {
         "params": {"model": str(model), "ep_size": ep_size, "mode": mode, "num_requests": len(prompts)},
         "elapsed_s_with_startup": elapsed_s,
