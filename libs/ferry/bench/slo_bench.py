@@ -49,6 +49,9 @@ class SloBenchConfig:
     max_requests: int | None = None
     max_output_len: int = 256
     num_windows: int = 24
+    admission: bool = True
+    """The adaptive system reorders its queue and sizes prefill by TPOT slack (SloController.admit);
+    False: cap and chunk budget only (the ablation)."""
     show_progress: bool = True
 
     def __post_init__(self) -> None:
@@ -104,7 +107,7 @@ def _adaptive(cfg: SloBenchConfig, duration_s: float, targets: SloTargets) -> Ad
         interval_s=day_s / FORECAST_INTERVALS_PER_DAY, season_intervals=FORECAST_INTERVALS_PER_DAY, horizon_intervals=2
     )
     limits = ControllerLimits(max_num_seqs=cfg.adaptive_max_num_seqs, fixed_num_seqs=32)
-    return AdaptiveLimits(targets, limits, role="both", forecast=forecast, keep_history=True)
+    return AdaptiveLimits(targets, limits, role="both", forecast=forecast, keep_history=True, admission=cfg.admission)
 
 
 def _config(cfg: SloBenchConfig, cap: int):
