@@ -148,6 +148,7 @@ class PrefillBalancer(Balancer[PrefillWork]):
         choice, prefetch = self.choose(request.all_token_ids, request.model)
         if choice.worker_id is None:
             return SubmitReply(request.request_id, False, reason=choice.reason, retry_after_s=choice.retry_after_s)
+        self.arrivals.observe(len(request.all_token_ids), request.sampling.max_tokens)
         self.mean_prompt_tokens = next_mean_prompt_tokens(
             self.mean_prompt_tokens, len(request.all_token_ids), self.config
         )

@@ -89,6 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--fixed-caps", default="8,16,32,64,128", help="default %(default)s")
     t.add_argument("--day-s", type=float, default=90.0, help="day-night: one compressed day (default %(default)s)")
     t.add_argument("--peak-rps", type=float, default=3.5, help="day-night: noon arrival rate (default %(default)s)")
+    t.add_argument(
+        "--no-slo-admission",
+        action="store_true",
+        help="adaptive: cap and chunk budget only, no queue reordering or TPOT-slack prefill (ablation)",
+    )
     t.add_argument("--trace-speedup", type=float, default=1.0, help="replay: divide trace times by this")
     t.add_argument("--trace-max-requests", type=int, help="replay: the first N requests only")
     from ferry.bench.online import add_url_arguments
@@ -173,6 +178,7 @@ def _run_trace(args: argparse.Namespace, out: Path) -> int:
         threads=args.threads,
         trace_speedup=args.trace_speedup,
         max_requests=args.trace_max_requests,
+        admission=not args.no_slo_admission,
         show_progress=not args.no_progress,
     )
     report = run_slo_bench(cfg)
