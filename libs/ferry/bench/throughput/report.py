@@ -58,10 +58,16 @@ def _fmt(value, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _weights(system: dict) -> str:
+    return f" ({_fmt(system['weight_gflops'])})" if system.get("weight_gflops") is not None else ""
+
+
 def markdown(meta: dict, systems: dict, problems: dict, rows: list[dict]) -> str:
     lines = [f"# Burst throughput, {meta['date_utc']}", "", f"Workload: {meta['workload']}.", ""]
     lines += [
         f"Machine dense matmul rate: {meta['machine_matmul_gflops']:.1f} GFLOP/s ({meta['cpu_cores']} cores).",
+        "Model FLOPs: 2 x matmul parameters per prompt and output token, plus attention's Q K^T and P V "
+        "(2 x 2 x context x width per token and layer); weights only in parentheses.",
         "",
     ]
     lines += ["| target | value | bar | met |", "|---|---|---|---|"]
@@ -79,7 +85,7 @@ def markdown(meta: dict, systems: dict, problems: dict, rows: list[dict]) -> str
         ttft = s.get("ttft_ms") or {}
         lines.append(
             f"| {name} | {_fmt(s['output_tokens_per_s'])} | {_fmt(s['wall_s'])} | {s['output_tokens']} | "
-            f"{_fmt(ttft.get('p50'), 0)} | {_fmt(ttft.get('p99'), 0)} | {_fmt(s['model_gflops'])} |"
+            f"{_fmt(ttft.get('p50'), 0)} | {_fmt(ttft.get('p99'), 0)} | {_fmt(s['model_gflops'])}{_weights(s)} |"
         )
     if meta.get("ferry_up_variants"):
         lines += [

@@ -87,9 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     systems: dict[str, dict] = {}
     problems: dict[str, str] = {}
     flops_per_token, matmul = _machine(model_dir)
+    cfg = read_config(model_dir)
     stages: dict[str, dict] = {}
     plan: list[tuple[str, Callable[[], dict]]] = [
-        (n, lambda n=n: _offline(n, args, model_dir, prompts, requests, flops_per_token))  # type: ignore[misc]
+        (n, lambda n=n: _offline(n, args, model_dir, prompts, requests, flops_per_token, cfg))  # type: ignore[misc]
         for n in chosen
         if n in ("ferry-generate", "hf-static")
     ]
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     http += [(f"ferry-up:{name}", extra) for name, extra in variants.items()]
     http += [(n, None) for n in ("hf-serve", *peers.PEERS) if n in chosen]
     for name, extra in http:
-        plan.append((name, lambda n=name, e=extra: _http(n, e, args, model_dir, requests, flops_per_token)))  # type: ignore[misc]
+        plan.append((name, lambda n=name, e=extra: _http(n, e, args, model_dir, requests, flops_per_token, cfg)))  # type: ignore[misc]
     for name, fn in plan:
         started, load = time.monotonic(), [round(x, 2) for x in os.getloadavg()]
         try:
@@ -159,8 +160,10 @@ def _check(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     return done
 
 
-def _offline(name: str, args, model_dir: Path, prompts: Path, requests, flops_per_token: float) -> dict:
-    """One whole process on the burst, timed from its start to its exit."""
+def _offline(name: str, args, model_dir: Path, prompts: Path, requests, flops_per_token: float, cfg) -> dict:
+    """One whole process on the burst, timed from its start to its exit. Attention FLOPs: each prompt's
+    own output length (ferry generate prints them); hf-static prints only the total, so its prompts are
+    counted at their max_tokens scaled to that total (exact where no row stops early at EOS)."""
     if name == "ferry-generate":
         argv = [
             sys.executable,
@@ -188,12 +191,20 @@ def _offline(name: str, args, model_dir: Path, prompts: Path, requests, flops_pe
     done = _check(subprocess.run(argv, capture_output=True, text=True))
     wall = time.perf_counter() - started
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    output_tokens = sum(len(x["token_ids"]) for x in lines) if name == "ferry-generate" else lines[-1]["output_tokens"]
+    if name == "ferry-generate":
+        outputs = {x["index"]: len(x["token_ids"]) for x in lines}
+        lengths = [(len(r.prompt_token_ids), outputs.get(i, 0)) for i, r in enumerate(requests)]
+        output_tokens = sum(outputs.values())
+    else:
+        output_tokens = lines[-1]["output_tokens"]
+        scale = output_tokens / max(sum(r.max_tokens for r in requests), 1)
+        lengths = [(len(r.prompt_token_ids), round(r.max_tokens * scale)) for r in requests]
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
-    return burst.figures(wall, output_tokens, prompt_tokens, [], flops_per_token)
+    attention = burst.attention_flops(cfg, lengths)
+    return burst.figures(wall, output_tokens, prompt_tokens, [], flops_per_token, attention)
 
 
-def _http(name: str, extra: list[str] | None, args, model_dir: Path, requests, flops_per_token: float) -> dict:
+def _http(name: str, extra: list[str] | None, args, model_dir: Path, requests, flops_per_token: float, cfg) -> dict:
     """Start the server, warm it up, send the burst, stop it."""
     run_dir = args.out / name.replace(":", "-")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -240,6 +251,7 @@ def _http(name: str, extra: list[str] | None, args, model_dir: Path, requests, f
         sum(r.num_prompt_tokens or 0 for r in ok),
         [r.ttft_s for r in ok if r.ttft_s is not None],
         flops_per_token,
+        burst.attention_flops(cfg, [(r.num_prompt_tokens or 0, r.num_output_tokens) for r in ok]),
     )
     if texts is not None:
         row["greedy_texts"] = texts
