@@ -120,7 +120,9 @@ class PrefillWorker(Worker):
             data = await self.fetch_from_store(request, hashes, num_local)
         num_remote = data.shape[0] - num_local if data is not None else 0
         self.count_prefix_tiers(len(hashes), num_device, num_host, num_remote)
-        return FetchedKV(data, data.shape[0] * block_size) if data is not None else None
+        if data is None:
+            return None  # staged here: the copy to the device overlaps the engine's steps
+        return FetchedKV(self.engine.stage_kv(data), data.shape[0] * block_size)
 
     async def fetch_from_store(self, request: GenerateRequest, hashes: list[bytes], num_local: int):
         """[n, *block_shape] of the leading blocks when the store holds more of them than this

@@ -26,7 +26,8 @@ async def write_back(worker: Any, sequence_id: str, request: GenerateRequest, sk
     taken = await worker.compute.call(worker.engine.take_finished_chain, sequence_id, skip)
     if taken is None:
         return 0
-    chain, data = taken
+    chain, copy = taken
+    data = await copy.result()  # the copy out of the pool, under way since the engine thread took it
     try:
         start = 0 if skip_prompt else await worker.store.lookup(chain)
         if skip + start < len(chain):

@@ -64,9 +64,11 @@ def start_system(
     prefill: int = 0,
     decode: int = 0,
     both: int = 0,
+    ep_size: int = 1,
     extra_env: dict[str, str] | None = None,
 ) -> RunningSystem:
-    """`both` > 0: that many FERRY_ROLE=both workers (`--layout both`), else prefill + decode workers."""
+    """`both` > 0: that many FERRY_ROLE=both workers (`--layout both`), else prefill + decode workers;
+    `ep_size` > 1: each worker a group of that many ranks."""
     port = free_port()
     workers = ["--layout", "both", "--workers", str(both)] if both else []
     workers = workers or ["--prefill-workers", str(prefill), "--decode-workers", str(decode)]
@@ -90,6 +92,8 @@ def start_system(
         "256",
         "--max-running",
         "16",
+        "--ep-size",
+        str(ep_size),
     ]
     # XDG_CONFIG_HOME: the nats CLI context `ferry up` saves lands in the run dir, not in ~/.config
     env = {

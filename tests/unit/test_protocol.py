@@ -30,6 +30,7 @@ from ferry.protocol import (
     OutputBatch,
     PrefillWork,
     ProtocolError,
+    RankLoad,
     SamplingParams,
     SubmitReply,
     SubmitRequest,
@@ -119,6 +120,7 @@ SAMPLES = {
         kv_blocks_total=400,
         max_running=64,
         num_backlog=5,
+        ranks=[RankLoad(0, 7, 1, 0, 0.0, 60, 200, 32), RankLoad(1, 5, 2, 16, 128.0, 40, 200, 32)],
     ),
     "forecast": TrafficForecast(
         source="gateway-g1",
