@@ -135,4 +135,8 @@ class Prefetcher:
             return 0
         num_new = await worker.compute.call(worker.engine.prefetch_to_host, missing, data)
         self.stats.num_fetched_blocks += num_new
+        # said now, not after this worker's next step: every balancer replica credits them (and stops
+        # asking for them) at once, not only the one that sent the prefetch
+        host_changes = await worker.compute.call(worker.engine.drain_host_events)
+        await worker.publish_pool_changes(([], []), host_changes)
         return num_new

@@ -101,3 +101,15 @@ def _only_in_store(system, prefill, prompt):
     balancer = next(s.__self__ for s in system.stoppers if type(s.__self__).__name__ == "PrefillBalancer")
     hashes = hash_full_blocks(prompt, 16)[: (len(prompt) - 1) // 16]
     return balancer.prefixes.only_in_store(prefill.namespace, prefill.worker_id, hashes)
+
+
+async def test_a_both_roles_worker_writes_the_whole_conversation_back(system, client):
+    both = await system.start_worker("both", "both-t", host_kv_blocks=64)
+    await system.stop_worker("prefill-t")  # draining: turn 1 goes to the both-roles worker
+    await system.until_reported("both-t")
+    output_1 = await serve(client, "turn-1", TURN_1, LONG)
+    assert system.workers["decode-t"].num_written_back_blocks == 0  # it never left the both-roles worker
+    await wait_until(lambda: both.num_written_back_blocks, "the both-roles worker wrote turn 1 back")
+    chain = hash_full_blocks((TURN_1 + output_1)[:-1], 16)
+    assert both.num_written_back_blocks == len(chain)  # nothing of it was in the store before
+    assert await both.store.lookup(chain) == len(chain)

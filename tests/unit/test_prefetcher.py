@@ -21,7 +21,10 @@ class FakeWorker:
 
     def __init__(self) -> None:
         self.fetched: list[list[bytes]] = []
-        self.engine = SimpleNamespace(host=object(), num_cached_blocks=lambda hashes: 0, prefetch_to_host=None)
+        self.engine = SimpleNamespace(
+            host=object(), num_cached_blocks=lambda hashes: 0, prefetch_to_host=None, drain_host_events=None
+        )
+        self.published: list = []
         self.store = SimpleNamespace(get_blocks=self.get_blocks)
         self.compute = SimpleNamespace(call=self.call)
 
@@ -29,8 +32,11 @@ class FakeWorker:
         self.fetched.append(list(hashes))
         return torch.zeros(len(hashes), 1)
 
-    async def call(self, fn, hashes, data):
-        return len(hashes)
+    async def call(self, fn, *args):
+        return len(args[0]) if args else (["h"], [])
+
+    async def publish_pool_changes(self, device, host) -> None:
+        self.published.append(host)
 
 
 def _hashes(tag: str, n: int) -> list[bytes]:
@@ -48,6 +54,7 @@ async def test_requests_prefetches_run_before_warm_ups():
             await asyncio.sleep(0)
         assert worker.fetched == [_hashes("b", 2), _hashes("a", 2)]
         assert prefetcher.stats.num_warm == 1 and prefetcher.stats.num_fetched_blocks == 4
+        assert worker.published == [(["h"], [])] * 2  # each fetch's host-tier events went out at once
     finally:
         task.cancel()
 
