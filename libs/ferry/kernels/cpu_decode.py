@@ -145,14 +145,21 @@ def _first_error(message: str) -> str:
 
 
 def cpu_kernels_enabled() -> bool:
-    """The switch of every CPU fast path (this kernel, ferry.model.cpu_linear's packed weights):
-    FERRY_CPU_KERNELS=0 forces plain torch, read per call so a benchmark can switch."""
+    """The switch of every CPU fast path (this kernel, cpu_layers.py, ferry.model.cpu_linear's packed
+    weights): FERRY_CPU_KERNELS=0 forces plain torch. Read when a backend is resolved
+    (ferry.kernels.backend: 'torch' instead of 'cpu'), never per call."""
     return os.environ.get("FERRY_CPU_KERNELS", "1") != "0"
 
 
 def fused_decode_enabled() -> bool:
-    """The fused kernel is switched on (cpu_kernels_enabled) and built."""
-    return cpu_kernels_enabled() and kernel() is not None
+    """The fused kernel is switched on (cpu_kernels_enabled) and built (at build time and in benches)."""
+    return cpu_kernels_enabled() and kernel_built()
+
+
+def kernel_built() -> bool:
+    """The C++ kernels are built (building them on the first call); what the forward pass asks, with the
+    switch already folded into its backend."""
+    return kernel() is not None
 
 
 def fused_paged_decode_attention(

@@ -119,7 +119,8 @@ class ExpertParallelMoE(nn.Module):
         by_slot = slot_of_row.argsort(stable=True)
         ends = counts.sum(0).cumsum(0).to(torch.int32)  # [S] end of each slot's rows, sorted
         self.computed_tokens += len(received)
-        hidden = silu_and_mul(self.grouped._matmul(received[by_slot], self.grouped.gate_up, ends))
+        fused = self.grouped.backend == "cpu"
+        hidden = silu_and_mul(self.grouped._matmul(received[by_slot], self.grouped.gate_up, ends), fused)
         out = torch.empty_like(received)
         out[by_slot] = self.grouped._matmul(hidden, self.grouped.down, ends)
         return out
