@@ -26,6 +26,7 @@ from ferry.bus import Service, WorkConsumer, WorkItem, raise_if_cancelled, trace
 from ferry.protocol import Cancel, ErrorEvent, GenerateRequest, OutputBatch, TrafficForecast, encode, subjects
 from ferry_services.worker.compute import ComputeThread
 from ferry_services.worker.events import batch_by_gateway
+from ferry_services.worker.group import group_metadata, is_group
 from ferry_services.worker.handoff import HandoffSender
 from ferry_services.worker.joining import FetchedKV, Joined, join
 from ferry_services.worker.ledger import Admit, Effects, Held, RequestLedger, engine_id
@@ -93,7 +94,7 @@ class Worker(Pulling, Reporting, abc.ABC):
         self.service = Service(
             f"{self.role}-worker",
             description=f"ferry {self.role} worker",
-            metadata={"worker_id": self.worker_id, "model": settings.model_name},
+            metadata={"worker_id": self.worker_id, "model": settings.model_name, **group_metadata(engine)},
         )
         self.service.subscribe(subjects.CANCEL, Cancel, self.on_cancel)
         self.slo = WorkerSlo(settings, self.role)  # the SLO controller (slo.py); off without FERRY_TPOT_SLO_MS
@@ -123,6 +124,8 @@ class Worker(Pulling, Reporting, abc.ABC):
             await self.release(self.ledger.release_all())
         if self.consumer is not None:
             await self.consumer.close()
+        if is_group(self.engine):  # its ranks stop before the engine thread they are tied to ends
+            await self.compute.call(self.engine.close)
         self.compute.close()
 
     async def release(self, held: list[Held]) -> None:

@@ -16,6 +16,7 @@ from ferry import metrics
 from ferry.bus import WorkConsumer, raise_if_cancelled
 from ferry.protocol import LoadReport, encode, subjects
 from ferry_services.worker.compute import ComputeThread
+from ferry_services.worker.group import rank_loads
 from ferry_services.worker.ledger import RequestLedger
 from ferry_services.worker.settings import WorkerSettings
 from ferry_services.worker.slo import WorkerSlo
@@ -88,6 +89,7 @@ class Reporting:
             weights_dtype=self.weights_dtype,
             num_backlog=self.num_backlog,
             decodes=self.decodes,
+            ranks=rank_loads(self.engine),
         )
 
     async def refresh_backlog(self) -> None:

@@ -39,7 +39,12 @@ def build_engine(settings: WorkerSettings):
         kv_cache_dtype=settings.kv_cache_dtype or None,
     )
     try:
-        engine = LLMEngine.from_model_path(settings.model, config)
+        if settings.ep_size > 1:
+            from ferry_services.worker.group import start_group
+
+            engine = start_group(settings, config)
+        else:
+            engine = LLMEngine.from_model_path(settings.model, config)
     except (FileNotFoundError, ValueError) as exc:  # a bad checkpoint: one clear line, no traceback
         raise SystemExit(f"ferry worker: FERRY_MODEL {settings.model}: {exc}") from None
     engine.warmup()  # kernels compiled and decode graphs captured before the first pull
@@ -82,16 +87,21 @@ async def serve(settings: WorkerSettings) -> int:
     compute = ComputeThread()
     engine = await compute.load(build_engine, settings)  # on the thread that will run every step
     log.info(
-        "%s worker %s: model %s (%s), %d KV blocks",
+        "%s worker %s: model %s (%s), %d KV blocks, %d rank(s)",
         settings.role,
         settings.worker_id,
         settings.model,
         engine.kv_namespace,
         engine.stats().kv_blocks_total,
+        settings.ep_size,
     )
     transport = RedisTransport(settings.redis_url)
     worker = make_worker(nc, settings, engine, KvStore(transport, engine.kv_namespace), compute)
     await worker.start(consumer)
+    if settings.ep_size > 1:
+        from ferry_services.worker.group import watch_group
+
+        watch_group(worker)
     start_metrics_server(settings.metrics_port)
     try:
         return await run_service(nc, worker.service, background=worker.background(), on_shutdown=worker.shutdown)

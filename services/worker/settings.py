@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from ferry.dtypes import WEIGHTS_DTYPES, check_dtype_name
 from ferry.model.source import served_name
@@ -64,6 +64,13 @@ class WorkerSettings(ServiceSettings):
         description="KV cache dtype; '' = the model's. bfloat16 under an fp32 model halves KV memory "
         "and CPU decode attention's reads; every worker of a deployment should use the same",
     )
+    ep_size: int = Field(
+        default=1,
+        ge=1,
+        description="expert parallelism: this worker is a group of ep_size rank processes holding one MoE "
+        "model (routed experts split, attention data-parallel: each rank its own sequences and KV pool of "
+        "num_kv_blocks); it must divide the model's routed experts",
+    )
     handoff_timeout_s: float = Field(
         default=60.0, gt=0, description="prefill: how long to retry a hand-off nobody takes"
     )
@@ -87,6 +94,12 @@ class WorkerSettings(ServiceSettings):
     @classmethod
     def _kv_cache_dtype(cls, value: str) -> str:
         return value and check_dtype_name(value, "kv_cache_dtype")
+
+    @model_validator(mode="after")
+    def _group(self) -> WorkerSettings:
+        if self.ep_size > 1 and self.is_adaptive:
+            raise ValueError("ep_size > 1: the SLO controller (tpot_slo_ms) does not drive worker groups yet")
+        return self
 
     @property
     def work_role(self) -> str:

@@ -12,6 +12,7 @@ controller on, its step-time model, chunk budget, forecast and desired replicas.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -52,6 +53,8 @@ class WorkStats:
             "host_kv_hit_blocks": engine.num_host_hit_blocks,
             "slo": self.worker.slo.snapshot(self.worker.engine),
         }
+        if report.ranks:  # a worker group: each rank's own load
+            data["ranks"] = [dataclasses.asdict(rank) for rank in report.ranks]
         tiers = getattr(self.worker, "prefix_blocks_by_tier", None)
         if tiers is not None:  # a prefill worker: its admitted prompts' leading blocks, by tier
             data["prefix_blocks_by_tier"] = dict(tiers)

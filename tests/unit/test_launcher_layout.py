@@ -70,3 +70,13 @@ def test_worker_counts_of_the_other_layout_are_refused():
         resolve_layout(parse("--layout", "both", "--decode-workers", "2"), num_cores=2)
     with pytest.raises(SystemExit, match=">= 1"):
         resolve_layout(parse("--layout", "both", "--workers", "0"), num_cores=2)
+
+
+def test_ep_size_makes_every_worker_a_group_and_shares_the_cores_among_its_ranks():
+    args = parse("--layout", "split", "--ep-size", "2")
+    resolve_layout(args, num_cores=8)
+    specs = [s for s in plan_services(args, "/m", "nats://n", "redis://r") if s.kind == "worker"]
+    assert [(s.env["FERRY_EP_SIZE"], s.env["OMP_NUM_THREADS"]) for s in specs] == [("2", "2"), ("2", "2")]
+    args = parse()
+    resolve_layout(args, num_cores=8)
+    assert all("FERRY_EP_SIZE" not in s.env for s in plan_services(args, "/m", "nats://n", "redis://r"))

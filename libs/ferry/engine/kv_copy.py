@@ -82,6 +82,10 @@ class OutCopy:
         """`wait` for an asyncio caller: on a thread unless the copy landed already."""
         return self.wait() if self.done() else await asyncio.to_thread(self.wait)
 
+    def __reduce__(self) -> tuple[type[OutCopy], tuple[torch.Tensor]]:
+        """Across a process boundary (an expert-parallel rank's reply) a copy travels landed."""
+        return (OutCopy, (self.wait(),))
+
 
 class InCopy:
     """Blocks on their way into the pool, staged by `KvCopier.stage`: [n, *block_shape] on the pool's

@@ -164,6 +164,26 @@ class LLMEngine(KvHandoff, KvTiers):
         decoding = [s for s in self.scheduler.running if s.is_prefill_done]
         return len(decoding), sum(s.num_computed_tokens for s in decoding)
 
+    def prompts(self, waiting: bool = True) -> list[tuple[str, float, int, int]]:
+        """(request id, arrival_time, tokens still to prefill, output tokens still allowed) of the
+        waiting queue in admission order (waiting=True) or of the running sequences still
+        prefilling: what an SLO controller plans admission with."""
+        seqs = self.scheduler.waiting if waiting else [s for s in self.scheduler.running if not s.is_prefill_done]
+        return [(s.request_id, s.arrival_time, s.num_uncomputed_tokens, _left(s)) for s in seqs]
+
+    def running_decodes(self) -> list[tuple[str, int, int, int]]:
+        """(request id, prompt tokens, output tokens so far, output tokens still allowed) of the
+        sequences that decode next step."""
+        running = self.scheduler.running
+        return [
+            (s.request_id, s.num_prompt_tokens, s.num_output_tokens, _left(s)) for s in running if s.is_prefill_done
+        ]
+
+    def reorder_waiting(self, request_ids: list[str]) -> None:
+        """Admit the waiting sequences in this order from the next step on (an SLO controller's
+        decision); waiting ones not listed keep their order behind the listed."""
+        self.scheduler.reorder_waiting(request_ids)
+
     def _postprocess(self, batch: ScheduledBatch, logits: torch.Tensor) -> list[RequestOutput]:
         rows = [i for i, s in enumerate(batch.seqs) if s.num_computed_tokens == s.num_tokens]
         if not rows:
@@ -278,6 +298,10 @@ def _step_shape(batch: ScheduledBatch) -> tuple[int, int, int]:
     """(sequences, prefill tokens, context tokens read) of a scheduled batch, before it runs."""
     prefill = sum(n for seq, n in zip(batch.seqs, batch.num_new_tokens) if not seq.is_prefill_done)
     return len(batch.seqs), prefill, sum(seq.num_computed_tokens for seq in batch.seqs)
+
+
+def _left(seq: Sequence) -> int:
+    return max(0, seq.num_tokens_limit - seq.num_tokens)
 
 
 def _kv_dtype(config: EngineConfig) -> torch.dtype | None:

@@ -118,6 +118,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-running", type=int, help="batch cap per worker (FERRY_MAX_RUNNING)")
     parser.add_argument("--max-batch-tokens", type=int, help="tokens per step (FERRY_MAX_BATCH_TOKENS)")
     parser.add_argument(
+        "--ep-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="expert parallelism: every worker is a group of N rank processes holding one MoE model "
+        "(FERRY_EP_SIZE; N must divide the routed experts)",
+    )
+    parser.add_argument(
         "--torch-threads",
         type=int,
         help="CPU threads per worker; default: $OMP_NUM_THREADS if set, else the cores shared out among "
@@ -193,7 +201,7 @@ def resolve_layout(args: argparse.Namespace, num_cores: int | None = None) -> No
         args.torch_threads = int(os.environ["OMP_NUM_THREADS"])  # the caller's choice, as before --torch-threads
     if args.torch_threads is None:
         num_workers = args.workers if args.layout == "both" else args.prefill_workers + args.decode_workers
-        args.torch_threads = max(1, num_cores // num_workers)
+        args.torch_threads = max(1, num_cores // (num_workers * getattr(args, "ep_size", 1)))
 
 
 def plan_services(args: argparse.Namespace, model_dir: Path, nats_url: str, redis_url: str) -> list[ServiceSpec]:
@@ -210,6 +218,7 @@ def plan_services(args: argparse.Namespace, model_dir: Path, nats_url: str, redi
             ("FERRY_NUM_KV_BLOCKS", args.num_kv_blocks),
             ("FERRY_MAX_RUNNING", args.max_running),
             ("FERRY_MAX_BATCH_TOKENS", args.max_batch_tokens),
+            ("FERRY_EP_SIZE", getattr(args, "ep_size", 1) if getattr(args, "ep_size", 1) > 1 else None),
             ("OMP_NUM_THREADS", args.torch_threads),
         )
         if v is not None

@@ -239,6 +239,27 @@ class Cancel:
     """None: cancel every attempt. n: only attempts < n (the stale copies of a migrated request)."""
 
 
+@dataclass(slots=True)
+class RankLoad:
+    """One rank of an expert-parallel worker group (`FERRY_EP_SIZE`): its own sequences and KV pool."""
+
+    rank: int
+    num_running: int
+    num_waiting: int
+    num_queued_prefill_tokens: int
+    """Prompt tokens dealt to this rank whose KV is not computed yet."""
+    queued_prefill_attention: float
+    """Core-attention work of those tokens: token pairs (sum over prompts of tokens x context)."""
+    kv_blocks_used: int
+    kv_blocks_total: int
+    max_running: int
+    """This rank's batch cap."""
+
+    def __post_init__(self) -> None:
+        _require(self.rank >= 0, "rank", self.rank, "must be >= 0")
+        _require(self.kv_blocks_total >= 0, "kv_blocks_total", self.kv_blocks_total, "must be >= 0")
+
+
 @message("load")
 @dataclass(slots=True)
 class LoadReport:
@@ -268,6 +289,9 @@ class LoadReport:
     it, and the gateway counts it as a decode worker too."""
     weights_dtype: str = ""
     """What the worker's weight matmuls hold (float32, bfloat16, int8, ...; '' = not said)."""
+    ranks: list[RankLoad] = field(default_factory=list)
+    """A worker group's ranks, rank 0 first (empty: a single-process worker). The totals above are
+    the group's; balancers weigh the rank a new sequence would land on."""
 
     def __post_init__(self) -> None:
         _require(self.role in ROLES, "role", self.role, f"must be one of {ROLES}")
@@ -351,6 +375,27 @@ class KvPrefetch:
     kv_namespace: str
     block_hashes: list[bytes]
     """Leading blocks of the prompt, in chain order; the worker skips those it holds."""
+    warm: bool = False
+    """A turn-end warm-up (`KvWarm`): no request waits for it yet, so the worker runs every request's
+    prefetch before it."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.block_hashes), "block_hashes", self.block_hashes, "must not be empty")
+
+
+@message("kv_warm")
+@dataclass(slots=True)
+class KvWarm:
+    """A conversation's turn ended: a decode worker wrote its output blocks back to the store, and tells
+    the prefill-balancers (`ferry.kv.warm`, queue group) the whole chain the next turn will start with,
+    so that one of them has it prefetched into the prefill worker likeliest to serve that turn (the one
+    holding the chain's head) during the user's think time."""
+
+    request_id: str
+    """The finished turn (logs only)."""
+    kv_namespace: str
+    block_hashes: list[bytes]
+    """Every full block of prompt + output, in chain order; the tail ones were just written to the store."""
 
     def __post_init__(self) -> None:
         _require(bool(self.block_hashes), "block_hashes", self.block_hashes, "must not be empty")
