@@ -180,6 +180,7 @@ def test_model_with_kernel_matches_reference_path(arch, kv_dtype, tmp_path, monk
     """The whole model (GQA, sliding window, MLA), a mixed prefill/decode batch (one chunk on a cached
     context, so the chunk path runs too), FERRY_CPU_KERNELS=1 vs 0 (which also switches the fused norm,
     activation, rotary and K/V write back to plain torch), on an fp32 and a bf16 cache."""
+    from ferry.kernels import resolve_attention
     from ferry.model import AttentionMetadata, load_model
     from ferry.model.make_model import make_model
 
@@ -187,6 +188,7 @@ def test_model_with_kernel_matches_reference_path(arch, kv_dtype, tmp_path, monk
     logits = {}
     for switch in ("1", "0"):
         monkeypatch.setenv("FERRY_CPU_KERNELS", switch)
+        lm.model.set_attention_backend(resolve_attention("cpu"))  # read once, as an engine does when built
         kv, gen = lm.model.make_kv_cache(16, BS, dtype=kv_dtype), torch.Generator().manual_seed(5)
         tables = [[3, 4, 5], [6], [7, 8, 9]]
         steps = [([30, 9, 20], [0, 0, 0]), ([1, 1, 12], [30, 9, 20]), ([1, 1, 1], [31, 10, 32])]

@@ -118,3 +118,44 @@ def test_the_engine_resolves_its_backend_once(tmp_path, monkeypatch):
     monkeypatch.setenv("FERRY_ATTENTION", "triton")  # read at construction only: this changes nothing
     assert engine.runner.attention_backend == "cpu"
     assert {layer.self_attn.backend for layer in engine.lm.model.model.layers} == {"cpu"}
+
+
+class _CountingEnviron(dict):
+    """os.environ stand-in that counts every read."""
+
+    num_reads = 0
+
+    def __getitem__(self, key):
+        type(self).num_reads += 1
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        type(self).num_reads += 1
+        return super().get(key, default)
+
+    def __contains__(self, key):
+        type(self).num_reads += 1
+        return super().__contains__(key)
+
+
+@pytest.mark.parametrize("cpu_kernels", ["1", "0"])
+def test_the_forward_reads_no_environment_variable(cpu_kernels, tmp_path, monkeypatch):
+    """FERRY_CPU_KERNELS (like FERRY_ATTENTION) is resolved once, into the backend every module holds: the
+    steps read nothing from os.environ, and switching the variable afterwards changes nothing."""
+    import os
+
+    from ferry.engine.llm_engine import LLMEngine
+    from ferry.model.make_model import make_model
+    from ferry.protocol import SamplingParams
+
+    monkeypatch.setenv("FERRY_CPU_KERNELS", cpu_kernels)
+    engine = LLMEngine.from_model_path(make_model(tmp_path, "llama", "tiny"), EngineConfig(num_kv_blocks=8))
+    backend = "cpu" if cpu_kernels == "1" else "torch"
+    assert engine.runner.attention_backend == backend
+    assert {m.backend for m in engine.lm.model.modules() if hasattr(m, "backend")} == {backend}
+    engine.add_request("r", [5, 6, 7, 8], SamplingParams(max_tokens=3, temperature=0.0))
+    counting = _CountingEnviron(os.environ, FERRY_CPU_KERNELS="1" if cpu_kernels == "0" else "0")
+    monkeypatch.setattr(os, "environ", counting)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert _CountingEnviron.num_reads == 0

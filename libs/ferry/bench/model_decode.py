@@ -4,7 +4,8 @@ reference path) vs transformers' forward with its own KV cache.
 Same checkpoint (a `ferry make-model --size bench` Llama unless --model is given), same batch of
 sequences with the same context, same fed tokens; the four sides' decode steps are interleaved
 step by step so machine noise hits all alike (the ferry sides share the weights and differ only
-in FERRY_CPU_KERNELS, or in the KV cache's dtype: fp32 like the model, or bf16 as
+in the backend ('cpu': the C++ kernels, 'torch': the reference, as FERRY_CPU_KERNELS=1/0 resolve),
+or in the KV cache's dtype: fp32 like the model, or bf16 as
 EngineConfig.kv_cache_dtype='bfloat16' gives; the math stays fp32 on every side). Also measures this
 machine's dense fp32 matmul rate in the same run and reports model FLOP/s as a fraction of it (of
 the run's best rate, and of one-matmul probes timed between the steps, which see the same load as the
@@ -109,11 +110,12 @@ class FerrySide:
 
     def prefill(self, prompts: torch.Tensor) -> torch.Tensor:  # [B, C] -> [B, vocab]
         batch, length = prompts.shape
+        self.lm.model.set_attention_backend("cpu" if self.fused else "torch")
         meta = self.meta_cls.build([length] * batch, [0] * batch, self.tables, self.block_size)
         return self.lm.model(prompts.flatten(), torch.arange(length).repeat(batch), meta, self.kv)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:  # [B] -> [B, vocab]
-        os.environ["FERRY_CPU_KERNELS"] = "1" if self.fused else "0"  # read per call by ferry.kernels
+        self.lm.model.set_attention_backend("cpu" if self.fused else "torch")  # lanes may share the model
         meta = self.meta_cls.build([1] * self.batch, [self.context] * self.batch, self.tables, self.block_size)
         logits = self.lm.model(tokens, torch.full((self.batch,), self.context), meta, self.kv)
         self.context += 1
@@ -210,7 +212,6 @@ def run(args: argparse.Namespace, path: Path) -> dict:
         agree += int(all(torch.equal(logits["ferry"].argmax(-1), out.argmax(-1)) for out in exact))
         same_as_fp32_kv += int((logits["ferry_bf16_kv"].argmax(-1) == logits["ferry"].argmax(-1)).sum())
         tokens = logits["ferry"].argmax(-1)
-    os.environ.pop("FERRY_CPU_KERNELS", None)
     sweep = [sweep_point(lm, args, c) for c in parse_contexts(args.contexts)]
     rate = max(rate_before, matmul_rate(), *(wall for wall, _ in probes))
     probe_rates = {
@@ -288,7 +289,6 @@ def sweep_point(lm, args: argparse.Namespace, context: int) -> dict:
     for _ in range(args.sweep_steps + 1):  # the first step is warm-up
         for side, t in zip(sides, times):
             t.append(timed(side.step, tokens)[2])  # CPU time: the sweep compares kernels, not the box's load
-    os.environ.pop("FERRY_CPU_KERNELS", None)
     flops = decode_flops(lm.config, args.batch, context + args.sweep_steps // 2)
     print(
         f"context {context}: fused {statistics.median(times[0][1:]) * 1e3:.1f} CPU-ms/step, "

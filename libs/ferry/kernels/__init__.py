@@ -6,8 +6,9 @@ FERRY_ATTENTION or EngineConfig.attention) and set on its attention layers; FERR
 the kernels on the CPU only together with TRITON_INTERPRET=1, which the tests use to run the whole model
 through them. The Triton modules are imported only when used. On the 'cpu' path, decode attention
 runs the fused C++ kernel (cpu_decode.py, compiled and cached on first use), and so do prefill chunks
-of up to CHUNK_MAX_TOKENS tokens on a cached context, unless FERRY_CPU_KERNELS=0 or it cannot be
-built; then (and always on the 'torch' path) the plain-torch reference in attention_ref.py runs.
+of up to CHUNK_MAX_TOKENS tokens on a cached context, unless it cannot be built; then (and always on the
+'torch' path, which FERRY_CPU_KERNELS=0 resolves to on the CPU) the plain-torch reference in
+attention_ref.py runs.
 The same build holds the step's small fused ops (cpu_layers.py: RMSNorm, SiLU-and-mul, rotary, the
 K/V write), which fall back to plain torch the same way; write_kv exported here is that dispatching one.
 """
@@ -26,6 +27,7 @@ from ferry.kernels.cpu_decode import (
     fused_chunk_attention,
     fused_decode_enabled,
     fused_paged_decode_attention,
+    kernel_built,
 )
 from ferry.kernels.cpu_layers import rms_norm, rotary_, silu_and_mul, write_kv
 
@@ -39,6 +41,7 @@ __all__ = [
     "fused_decode_enabled",
     "fused_paged_decode_attention",
     "gather_seq",
+    "kernel_built",
     "paged_decode_attention",
     "prefill_attention",
     "resolve_attention",

@@ -2,8 +2,9 @@
 RMSNorm, SiLU-and-mul, rotary embedding in place and the K/V write into the paged cache.
 
 Each is one pass over its rows where plain torch runs a chain of ops with temporaries. They take fp32
-activations on the CPU; for anything else (CUDA, bf16 activations, FERRY_CPU_KERNELS=0, no compiler)
-each function here runs the plain-torch reference with the same result, so callers need no checks.
+activations on the CPU; for anything else (CUDA, bf16 activations, no compiler) or with fused=False
+(the caller's backend is not 'cpu', e.g. FERRY_CPU_KERNELS=0) each function here runs the plain-torch
+reference with the same result, so callers need no other checks.
 """
 
 from __future__ import annotations
@@ -12,37 +13,37 @@ import torch
 import torch.nn.functional as F
 
 from ferry.kernels import attention_ref
-from ferry.kernels.cpu_decode import SUPPORTED_CACHE_DTYPES, fused_decode_enabled
+from ferry.kernels.cpu_decode import SUPPORTED_CACHE_DTYPES, kernel_built
 
 
 def fused_ops_usable(*tensors: torch.Tensor) -> bool:
-    """True when the C++ ops take these tensors: fp32 on the CPU, elements contiguous, kernels on and built."""
+    """True when the C++ ops take these tensors: fp32 on the CPU, elements contiguous, kernels built."""
     for t in tensors:  # a loop, not all(<generator>): this runs several times per layer and step
         if t.dtype != torch.float32 or t.device.type != "cpu" or t.stride(-1) != 1:
             return False
-    return fused_decode_enabled()
+    return kernel_built()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool = True) -> torch.Tensor:
     """weight * x / sqrt(mean(x^2) + eps) over the last dimension, normalised in fp32."""
-    if x.dim() == 2 and fused_ops_usable(x, weight):
+    if fused and x.dim() == 2 and fused_ops_usable(x, weight):
         return torch.ops.ferry_cpu.rms_norm(x, weight.contiguous(), float(eps))
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, fused: bool = True) -> torch.Tensor:
     """x [T, 2I] = [gate | up] -> silu(gate) * up [T, I]."""
-    if x.dim() == 2 and fused_ops_usable(x):
+    if fused and x.dim() == 2 and fused_ops_usable(x):
         return torch.ops.ferry_cpu.silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
-def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool = True) -> torch.Tensor:
     """Rotary embedding of x [T, H, D] in place (halves layout, rotate_half); cos/sin [T, D/2]. -> x"""
-    if x.dim() == 3 and fused_ops_usable(x, cos, sin):
+    if fused and x.dim() == 3 and fused_ops_usable(x, cos, sin):
         torch.ops.ferry_cpu.rotary_(x, cos.contiguous(), sin.contiguous())
         return x
     x1, x2 = x.chunk(2, dim=-1)
@@ -51,10 +52,11 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x
 
 
-def write_kv(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
+def write_kv(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor, fused: bool = True) -> None:
     """cache [N, bs, H, D] slot rows slot_mapping [T] = values [T, H, D] (converted to the cache's dtype)."""
     if (
-        values.dim() == 3
+        fused
+        and values.dim() == 3
         and cache.device.type == "cpu"
         and cache.stride(-1) == 1
         and cache.dtype in SUPPORTED_CACHE_DTYPES

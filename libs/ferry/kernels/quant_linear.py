@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ferry.kernels.cpu_decode import fused_decode_enabled, kernel
+from ferry.kernels.cpu_decode import kernel, kernel_built
 from ferry.kernels.quant_pack import CpuPacked, pack_for_cpu
 from ferry.kernels.quant_ref import QuantizedWeight, quant_matmul_ref
 
@@ -34,7 +34,7 @@ def quant_matmul(
         from ferry.kernels.triton_quant import triton_quant_matmul
 
         return _with_bias(triton_quant_matmul(rows, qw), bias).view(*x.shape[:-1], -1)
-    if backend == "cpu" and x.device.type == "cpu" and x.dtype == torch.float32 and fused_decode_enabled():
+    if backend == "cpu" and x.device.type == "cpu" and x.dtype == torch.float32 and kernel_built():
         out = cpu_quant_matmul(rows, packed or pack_for_cpu(qw))
         return _with_bias(out, bias).view(*x.shape[:-1], -1)
     return quant_matmul_ref(x, qw, bias)

@@ -11,11 +11,11 @@ from torch import nn
 from ferry.kernels import ATTENTION_BACKENDS
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
-from ferry.model.cpu_linear import Linear
+from ferry.model.cpu_linear import FusedProjection, Linear
 from ferry.model.dense_attention import GQAttention
+from ferry.model.grouped_experts import GroupedExperts
 from ferry.model.kv_cache import PagedKVCache
 from ferry.model.layers import GatedMLP, RMSNorm
-from ferry.model.quant_linear import QuantLinear
 from ferry.model.rope import Rotary
 
 if TYPE_CHECKING:
@@ -86,11 +86,12 @@ class CausalLM(nn.Module):
         now on: chosen once, not per call."""
         if backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention backend: {backend!r}, expected one of {ATTENTION_BACKENDS}")
-        for layer in self.model.layers:
-            layer.self_attn.backend = backend  # type: ignore[union-attr]  # a DecoderLayer's attention module
-        for module in self.modules():  # quantized weight matmuls pick their kernel the same way
-            if isinstance(module, QuantLinear):
-                module.backend = backend
+        for module in self.modules():  # attention, norms, MLPs, (quantized) linears pick their kernels by it
+            if hasattr(module, "backend"):
+                module.backend = backend  # type: ignore[assignment]  # a plain str attribute
+            for part in vars(module).values():  # fused projections and stacked experts are not modules
+                if isinstance(part, (FusedProjection, GroupedExperts)):
+                    part.backend = backend
         self.attention_backend = backend
 
     def fuse_projections(self) -> None:

@@ -6,8 +6,9 @@ weight twice. oneDNN (bundled with torch as mkldnn) packs a weight once into its
 runs AVX-512 kernels: measured on the 2-core box, 1 thread, bench-model shapes with the weights
 coming from DRAM, 2.6x faster at 4 rows, 1.7x at 16 and 2.7x at 64; 214 vs 94 GFLOP/s at 1024^3.
 The packed copy sits beside the plain weight (which stays for the reference path, tied embeddings
-and state_dict), so CPU weights take twice the memory. FERRY_CPU_KERNELS=0 (read per call) or a
-torch without oneDNN means plain F.linear.
+and state_dict), so CPU weights take twice the memory. FERRY_CPU_KERNELS=0 (the 'torch' backend) or a
+torch without oneDNN means plain F.linear; so does a backend other than 'cpu' (each Linear holds the
+model's, set once by CausalLM.set_attention_backend: no switch is read per call).
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from ferry.kernels import cpu_kernels_enabled
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 PACK_HINT_ROWS = 16
@@ -38,7 +37,7 @@ def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None
 ) -> torch.Tensor:
     """F.linear(x, weight, bias), through the packed weight when there is one. x [..., in] -> [..., out]."""
-    if packed is None or x.dtype != weight.dtype or x.device.type != "cpu" or not cpu_kernels_enabled():
+    if packed is None or x.dtype != weight.dtype or x.device.type != "cpu":
         return F.linear(x, weight, bias)
     out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
     return out.view(*x.shape[:-1], out.shape[-1])
@@ -48,6 +47,8 @@ class Linear(nn.Linear):
     """nn.Linear that, after prepack(), multiplies through its packed weight on the CPU."""
 
     packed: torch.Tensor | None = None
+    backend = "cpu"
+    """One of ATTENTION_BACKENDS: the packed weight is used under 'cpu' only."""
     is_fused: bool = False
     """Its weight is a slice of a FusedProjection, which does its matmuls: nothing to pack here."""
 
@@ -55,7 +56,7 @@ class Linear(nn.Linear):
         self.packed = None if self.is_fused else pack(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.packed)
+        return linear(x, self.weight, self.bias, self.packed if self.backend == "cpu" else None)
 
 
 class FusedProjection:
@@ -65,9 +66,11 @@ class FusedProjection:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.weight, self.bias = weight, bias  # [sum of outs, in], [sum of outs]
         self.packed: torch.Tensor | None = None
+        self.backend = "cpu"
+        """As Linear.backend (set by CausalLM.set_attention_backend through the module holding it)."""
 
     def prepack(self) -> None:
         self.packed = pack(self.weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.packed)
+        return linear(x, self.weight, self.bias, self.packed if self.backend == "cpu" else None)

@@ -9,9 +9,9 @@ from ferry.kernels import (
     CHUNK_MAX_TOKENS,
     decode_plan,
     fused_chunk_attention,
-    fused_decode_enabled,
     fused_paged_decode_attention,
     gather_seq,
+    kernel_built,
     paged_decode_attention,
     prefill_attention,
     rotary_,
@@ -53,7 +53,7 @@ def torch_decode_attention(
     the C++ kernel, which reads the cache in place, when it is built and switched on; else the plain-torch
     reference, which gathers into kv's scratch buffers when kv is given."""
     tables, seq_lens = meta.decode_block_tables, meta.decode_seq_lens
-    if fused and fused_decode_enabled():
+    if fused and kernel_built():
         return fused_paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale, window)
     plan = decode_plan_for(meta, k_cache.shape[1], window, q.dtype, kv)
     scratch = None
@@ -96,7 +96,7 @@ class GQAttention(nn.Module):
             return q, k, v.view(tokens, kv_heads, dim)
         # one matmul; queries and keys sit side by side in its output, so one in-place call rotates both
         qkv = self.qkv(x).view(tokens, heads + 2 * kv_heads, dim)
-        rotary_(qkv[:, : heads + kv_heads], cos, sin)
+        rotary_(qkv[:, : heads + kv_heads], cos, sin, self.backend == "cpu")
         return qkv.split([heads, kv_heads, kv_heads], dim=1)
 
     def forward(
@@ -104,8 +104,8 @@ class GQAttention(nn.Module):
     ) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self._project(x, cos, sin)
-        write_kv(kv.layer(self.layer, 0), meta.slot_mapping, k)
-        write_kv(kv.layer(self.layer, 1), meta.slot_mapping, v)
+        write_kv(kv.layer(self.layer, 0), meta.slot_mapping, k, self.backend == "cpu")
+        write_kv(kv.layer(self.layer, 1), meta.slot_mapping, v, self.backend == "cpu")
         attend = self._triton_attention if self.backend == "triton" else self._torch_attention
         return self.o_proj(attend(q, k, v, kv, meta).reshape(tokens, -1))
 
@@ -141,7 +141,7 @@ class GQAttention(nn.Module):
         """One prefilling sequence: q [L, H, D], k/v [L, Hkv, D] of its new tokens -> [L, H, D]."""
         if ctx == 0:  # the whole sequence is new: use this step's K/V directly
             return prefill_attention(q, k, v, 0, self.scale, self.window)
-        fused = self.backend == "cpu" and q.shape[0] <= CHUNK_MAX_TOKENS and fused_decode_enabled()
+        fused = self.backend == "cpu" and q.shape[0] <= CHUNK_MAX_TOKENS and kernel_built()
         if fused:  # reads the cached context in place
             return fused_chunk_attention(q, k_cache, v_cache, blocks, ctx, self.scale, self.window)
         total = ctx + q.shape[0]

@@ -26,6 +26,8 @@ class GroupedExperts:
     def __init__(self, gate_up: torch.Tensor, down: torch.Tensor) -> None:
         self.gate_up, self.down = gate_up, down
         self.use_grouped_mm = _grouped_mm_supported(gate_up) and _grouped_mm_supported(down)
+        self.backend = "cpu"
+        """One of ATTENTION_BACKENDS (set by CausalLM.set_attention_backend through its MoE layer)."""
 
     @property
     def num_experts(self) -> int:
@@ -57,7 +59,7 @@ class GroupedExperts:
         counts = torch.zeros(self.num_experts, dtype=torch.int64, device=x.device)
         counts.scatter_add_(0, flat_ids, torch.ones_like(flat_ids))  # bincount would sync for its size
         ends = counts.cumsum(0).to(torch.int32)  # [E] end of each expert's rows in the sorted order
-        hidden = silu_and_mul(self._matmul(x[rows], self.gate_up, ends))  # [N, I]
+        hidden = silu_and_mul(self._matmul(x[rows], self.gate_up, ends), self.backend == "cpu")  # [N, I]
         y = self._matmul(hidden, self.down, ends)  # [N, H]
         y = y * weights.flatten()[order, None].to(y.dtype)
         return torch.zeros_like(x).index_add_(0, rows, y)

@@ -11,6 +11,9 @@ from ferry.model.cpu_linear import FusedProjection, Linear
 
 
 class RMSNorm(nn.Module):
+    backend = "cpu"
+    """One of ATTENTION_BACKENDS (CausalLM.set_attention_backend): 'cpu' uses the C++ op where it applies."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -18,7 +21,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # normalise in fp32 whatever the weight dtype, as the reference implementations do
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps, self.backend == "cpu")
 
 
 def fuse_linears(*linears: nn.Linear) -> FusedProjection:
@@ -41,6 +44,9 @@ def fuse_linears(*linears: nn.Linear) -> FusedProjection:
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x))."""
 
+    backend = "cpu"
+    """As RMSNorm.backend (set with the attention layers')."""
+
     def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
         super().__init__()
         self.gate_proj = Linear(hidden, intermediate, bias=bias)
@@ -59,4 +65,4 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden]
         if self.gate_up is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return self.down_proj(silu_and_mul(self.gate_up(x)))  # one matmul instead of two
+        return self.down_proj(silu_and_mul(self.gate_up(x), self.backend == "cpu"))  # one matmul instead of two

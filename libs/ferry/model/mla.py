@@ -137,7 +137,7 @@ class MLAttention(nn.Module):
         k_pe = apply_rotary(k_pe.view(tokens, 1, self.rope), cos, sin, self.interleaved)
         entry = torch.cat([self.kv_a_layernorm(latent).view(tokens, 1, self.rank), k_pe], -1)  # [T, 1, C+R]
         cache = kv.layer(self.layer, 0)  # [N, bs, 1, C+R]
-        write_kv(cache, meta.slot_mapping, entry)
+        write_kv(cache, meta.slot_mapping, entry, self.backend == "cpu")
         out = q.new_empty(tokens, self.num_heads, self.v_dim)  # [T, H, Dv]
         if meta.num_decodes:
             rows = meta.decode_token_rows

@@ -179,7 +179,7 @@ class ExpertParallelMoE(nn.Module):
     def _run_experts(self, rows: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """rows [R, hidden] grouped by local slot, ends [S] -> [R, hidden]: each slot's expert on its rows."""
         self.computed_tokens += len(rows)
-        hidden = silu_and_mul(self.grouped._matmul(rows, self.grouped.gate_up, ends))
+        hidden = silu_and_mul(self.grouped._matmul(rows, self.grouped.gate_up, ends), self.grouped.backend == "cpu")
         return self.grouped._matmul(hidden, self.grouped.down, ends)
 
     def _all_to_all(
