@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("ferry.launcher.serve", "run one service in this process (gateway, worker, ...)"),
     "generate": ("ferry.engine.generate_cli", "generate text with the engine in-process"),
     "make-model": ("ferry.model.make_model", "write a random-weight HF checkpoint for tests and demos"),
+    "export-hf": ("ferry.model.export_hf", "write a GGUF model as a float32 HF checkpoint folder (for peers)"),
     "bench": ("ferry.bench.cli", "benchmark an OpenAI-compatible server or the engine offline"),
 }
 

@@ -49,6 +49,7 @@ class DecodeBalancer(Balancer[Handoff]):
         if choice.worker_id is None:
             return HandoffReply(request_id, False, reason=choice.reason)
         handoff.decode_worker_id = choice.worker_id
+        self.arrivals.observe(handoff.num_kv_tokens, handoff.request.sampling.max_tokens)
         await self.runtime.publish_work(choice.worker_id, handoff)
         return HandoffReply(request_id, True, worker_id=choice.worker_id)
 

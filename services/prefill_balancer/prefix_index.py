@@ -131,6 +131,14 @@ class PrefixIndex:
             missing.append(block_hash)
         return missing
 
+    def not_held(self, namespace: str, worker_id: str, block_hashes: Sequence[bytes]) -> list[bytes]:
+        """The chain's blocks neither the worker's pool nor its host tier holds, in chain order: what a
+        turn-end warm-up fetches (its sender vouches that the store holds the whole chain)."""
+        local: list[Mapping[bytes, None]] = [
+            self._held.get((namespace, worker_id, tier)) or {} for tier in ("device", "host")
+        ]
+        return [h for h in block_hashes if not any(h in held for held in local)]
+
     def _store(self, key: tuple[str, str, str], block_hashes: Iterable[bytes]) -> None:
         held = self._held.get(key)
         if held is None:

@@ -24,6 +24,7 @@ from ferry.protocol import (
     KvEvent,
     KvPrefetch,
     KvResync,
+    KvWarm,
     PrefillWork,
     SubmitReply,
     SubmitRequest,
@@ -37,7 +38,7 @@ from ferry_services.prefill_balancer.policy import (
     choose_prefill_worker,
     next_mean_prompt_tokens,
 )
-from ferry_services.prefill_balancer.prefix_index import PrefixIndex, PrefixIndexConfig
+from ferry_services.prefill_balancer.prefix_index import STORE, PrefixIndex, PrefixIndexConfig
 from ferry_services.prefill_balancer.settings import PrefillBalancerSettings
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class PrefillBalancer(Balancer[PrefillWork]):
         )
         self.service.endpoint(subjects.SUBMIT, SubmitRequest, self.submit, queue=subjects.SUBMIT_QUEUE, name="submit")
         self.service.subscribe(subjects.KV_EVENTS, KvEvent, self.on_kv_event, name="kv_events")
+        self.service.subscribe(subjects.KV_WARM, KvWarm, self.on_warm, queue=subjects.KV_WARM_QUEUE, name="kv_warm")
+        self.num_warmups = 0
 
     async def on_serving(self) -> None:
         """Ask every prefill worker and the kvcache service to republish what they hold: a
@@ -77,6 +80,32 @@ class PrefillBalancer(Balancer[PrefillWork]):
     async def on_kv_event(self, event: KvEvent) -> None:
         """A pool's or the store's blocks changed (bad events are counted and logged by the service)."""
         self.prefixes.apply(event.kind, event.kv_namespace, event.where, event.block_hashes, event.tier)
+
+    async def on_warm(self, warm: KvWarm) -> None:
+        """A turn ended and its blocks are in the store: have them fetched, while the user thinks, into
+        the worker that the next turn (this chain + a new message) would be routed to now (session
+        affinity through the prefix index: the one holding the chain's head, unless it is too busy)."""
+        if not self.settings.kv_prefetch:
+            return
+        namespace = warm.kv_namespace
+        states = [s for s in self.runtime.view.routable(time.monotonic()) if s.report.kv_namespace == namespace]
+        if not states:
+            return
+        block_size = states[0].report.block_size
+        self.prefixes.apply("stored", namespace, STORE, warm.block_hashes)  # before the store's own events
+        cached = self.prefixes.cached_tokens({s.worker_id: namespace for s in states}, warm.block_hashes, block_size)
+        num_tokens = len(warm.block_hashes) * block_size
+        choice = choose_prefill_worker(states, num_tokens, self.config, cached, self.mean_prompt_tokens)
+        if choice.worker_id is None:
+            return
+        missing = self.prefixes.not_held(namespace, choice.worker_id, warm.block_hashes)
+        if not missing:
+            return
+        missing = missing[: self.settings.max_prefetch_blocks]
+        self.prefixes.apply("stored", namespace, choice.worker_id, missing, tier="host")  # there in a moment
+        self.num_warmups += 1
+        prefetch = KvPrefetch(f"warm-{warm.request_id}", namespace, missing, warm=True)
+        await self.nc.publish(subjects.kv_prefetch(choice.worker_id), encode(prefetch))
 
     def choose(self, token_ids: list[int], model: str) -> tuple[PrefillChoice, KvPrefetch | None]:
         """Where the prompt goes, and what to prefetch there (blocks only the store holds)."""
@@ -119,6 +148,7 @@ class PrefillBalancer(Balancer[PrefillWork]):
         choice, prefetch = self.choose(request.all_token_ids, request.model)
         if choice.worker_id is None:
             return SubmitReply(request.request_id, False, reason=choice.reason, retry_after_s=choice.retry_after_s)
+        self.arrivals.observe(len(request.all_token_ids), request.sampling.max_tokens)
         self.mean_prompt_tokens = next_mean_prompt_tokens(
             self.mean_prompt_tokens, len(request.all_token_ids), self.config
         )

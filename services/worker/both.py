@@ -6,7 +6,9 @@ machine one process uses the cores that a prefill and a decode process would fig
 `LoadReport.decodes` set, so the gateway counts it as a decode worker too), publishes every step's
 tokens, and settles a message when its sequence finishes. The engine loop is pipelined (the next
 step computes while this one's tokens go out); the pool's prefix-cache changes are taken on the
-engine thread after each step and published for the prefill-balancer's cache-aware routing.
+engine thread after each step and published for the prefill-balancer's cache-aware routing. With
+FERRY_KV_WRITEBACK a finished sequence's blocks also go to the store, as a decode worker's do
+(writeback.py): the next turn finds them even on another worker or after a restart.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections import deque
 from ferry.bus import trace
 from ferry_services.worker.base import Worker
 from ferry_services.worker.prefill import PrefillWorker
+from ferry_services.worker.writeback import write_back
 
 
 class BothWorker(PrefillWorker):
@@ -24,6 +27,10 @@ class BothWorker(PrefillWorker):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.num_written_back_blocks = 0
+        """Blocks of finished sequences written to the store (FERRY_KV_WRITEBACK)."""
+        if self.settings.kv_writeback:
+            self.engine.remember_finished(4 * self.settings.max_running)
         self.pool_changes: deque[tuple[tuple[list[bytes], list[bytes]], ...]] = deque()
         """The pool's and the host tier's (stored, removed) block hashes per step, appended on the engine
         thread (deque: thread-safe)."""
@@ -35,9 +42,19 @@ class BothWorker(PrefillWorker):
         return outputs
 
     async def after_step(self, outputs: list) -> None:
+        finished = [(o.request_id, self.ledger.owner(o.request_id)) for o in outputs if o.finish_reason is not None]
         await Worker.after_step(self, outputs)  # publish the tokens; a finished sequence settles its message
+        if self.settings.kv_writeback:
+            for sequence_id, request in finished:
+                if request is not None:
+                    self.spawn(self._write_back(sequence_id, request))
         if trace.enabled():
             for out in outputs:
                 trace.hop(out.request_id, "bw.published")
         while self.pool_changes:
             await self.publish_pool_changes(*self.pool_changes.popleft())
+
+    async def _write_back(self, sequence_id, request) -> None:
+        """The whole conversation so far to the store (what it lacks of it) and a `KvWarm`: another
+        worker, or this one restarted, finds the next turn's history there (writeback.py)."""
+        self.num_written_back_blocks += await write_back(self, sequence_id, request, skip_prompt=False)

@@ -25,6 +25,7 @@ from ferry.protocol import GenerateRequest, Handoff
 from ferry_services.worker.base import Worker
 from ferry_services.worker.joining import FetchedKV, Joined
 from ferry_services.worker.ledger import Effects, Held, engine_id
+from ferry_services.worker.writeback import write_back
 
 log = logging.getLogger(__name__)
 
@@ -64,20 +65,9 @@ class DecodeWorker(Worker):
                 self.spawn(self.write_back(sequence_id, request))
 
     async def write_back(self, sequence_id: str, request: GenerateRequest) -> None:
-        """Store the full blocks a finished sequence added after its prompt (the prefill worker stored
-        the prompt's): the next turn of a conversation re-sends prompt + output + more, and finds the
-        whole history in the store instead of recomputing the output. Best effort, after the tokens."""
-        skip = len(request.prompt_token_ids) // self.settings.block_size
-        taken = await self.compute.call(self.engine.take_finished_kv, sequence_id, skip)
-        if taken is None:
-            return
-        hashes, data = taken
-        try:
-            await self.store.put_blocks(hashes, data)
-        except KvStoreError as exc:
-            log.info("output KV of %s not written back: %s", request.request_id, exc)
-            return
-        self.num_written_back_blocks += len(hashes)
+        """The full blocks a finished sequence added after its prompt (the prefill worker stored the
+        prompt's) to the store, and its chain to the prefill-balancers (writeback.py)."""
+        self.num_written_back_blocks += await write_back(self, sequence_id, request, skip_prompt=True)
 
     async def fetch_kv(self, handoff: Handoff) -> FetchedKV | None:
         data = await self.load_blocks(handoff)

@@ -54,8 +54,8 @@ class HandoffSender:
         hashes, refs = handoff_blocks(onward.all_token_ids, kv.num_tokens, self.block_size, kv.block_hashes)
         num_kv_tokens = kv.num_tokens
         try:
-            if hashes:
-                await self.store.put_blocks(hashes, kv.data)
+            if hashes:  # the copy off the device started on the engine thread; it is waited for here
+                await self.store.put_blocks(hashes, await kv.copy.result())
         except KvStoreError as exc:
             self.num_kv_store_failures += 1
             log.warning("KV of %s not stored (%s): the next worker will recompute it", request.request_id, exc)

@@ -28,7 +28,8 @@ class Joined(enum.Enum):
 @dataclass(slots=True)
 class FetchedKV:
     data: Any
-    """[n, *block_shape] CPU tensor of the leading blocks of prompt + outputs."""
+    """The leading blocks of prompt + outputs, [n, *block_shape], staged on their way to the
+    engine's device (LLMEngine.stage_kv: an InCopy) or a host tensor."""
     num_tokens: int
     """Tokens it covers."""
 

@@ -89,12 +89,17 @@ class PrefillWorker(Worker):
         if work.routed_at:
             log.debug("%s pulled %.1f ms after routing", request.request_id, (time.time() - work.routed_at) * 1000)
         metrics.PREFIX_CACHE_QUERIES.labels(self.role).inc(len(request.all_token_ids))
-        await self.prefetcher.settle(request.request_id)
-        prefix = await self.fetch_prefix(request, work.num_cached_blocks_hint)
+        tokens = request.all_token_ids
+        hashes = hash_full_blocks(tokens, self.settings.block_size)[: (len(tokens) - 1) // self.settings.block_size]
+        await self.prefetcher.settle(request.request_id, hashes)
+        trace.hop(request.request_id, "pw.settled")
+        prefix = await self.fetch_prefix(request, work.num_cached_blocks_hint, hashes)
         trace.hop(request.request_id, "pw.prefix")
         return prefix
 
-    async def fetch_prefix(self, request: GenerateRequest, num_cached_blocks_hint: int = 1) -> FetchedKV | None:
+    async def fetch_prefix(
+        self, request: GenerateRequest, num_cached_blocks_hint: int = 1, hashes: list[bytes] | None = None
+    ) -> FetchedKV | None:
         """The prompt's leading full blocks from the store, when the store holds more of them than
         this worker's own pool; None to compute (or hit locally) instead.
 
@@ -104,7 +109,8 @@ class PrefillWorker(Worker):
         pool's own blocks are still matched at admission."""
         block_size = self.settings.block_size
         tokens = request.all_token_ids
-        hashes = hash_full_blocks(tokens, block_size)[: (len(tokens) - 1) // block_size]  # >= 1 token left
+        if hashes is None:
+            hashes = hash_full_blocks(tokens, block_size)[: (len(tokens) - 1) // block_size]  # >= 1 token left
         # Read off the engine thread on purpose (no wait behind a step): only dict/list lookups, and a
         # stale count merely picks the other correct path (pool and host blocks are matched again at admission).
         num_device, num_host = self.engine.cached_tiers(hashes)
@@ -114,7 +120,9 @@ class PrefillWorker(Worker):
             data = await self.fetch_from_store(request, hashes, num_local)
         num_remote = data.shape[0] - num_local if data is not None else 0
         self.count_prefix_tiers(len(hashes), num_device, num_host, num_remote)
-        return FetchedKV(data, data.shape[0] * block_size) if data is not None else None
+        if data is None:
+            return None  # staged here: the copy to the device overlaps the engine's steps
+        return FetchedKV(self.engine.stage_kv(data), data.shape[0] * block_size)
 
     async def fetch_from_store(self, request: GenerateRequest, hashes: list[bytes], num_local: int):
         """[n, *block_shape] of the leading blocks when the store holds more of them than this

@@ -2,8 +2,9 @@
 the cap and chunk budget the targets allow, after every step the step-time model learns from it.
 
 The token mix and the system's arrival rate come from the TrafficForecasts on `ferry.forecast.>`
-(gateways, prefill-balancers; the latest of each source, combined: rates add), else from the
-requests this worker pulls. What it decides shows in the worker's load reports (`max_running`:
+(the latest of each source; pick_forecasts: the balancers of this worker's role if any publish,
+else the gateways; those combined: rates add), else from the requests this worker pulls.
+What it decides shows in the worker's load reports (`max_running`:
 the balancers route with the cap in view), its micro stats (`slo` in the work input's data) and
 Prometheus (ferry_batch_cap, ferry_chunk_budget_tokens, ferry_step_model_ms,
 ferry_desired_replicas). With a fixed cap it only reports that cap.
@@ -20,8 +21,22 @@ from ferry.protocol import GenerateRequest, TrafficForecast
 from ferry.slo import ControllerLimits, SloTargets, TokenMix, combine
 from ferry_services.worker.settings import WorkerSettings
 
+ROLE_SOURCES = {"prefill": "prefill-balancer-", "decode": "decode-balancer-"}
+"""Whose forecast describes what reaches a role best: its own balancers'."""
+
 STALE_INTERVALS = 3
 """A source's forecast older than this many of its intervals is dropped (that gateway is gone)."""
+
+
+def pick_forecasts(forecasts: list[TrafficForecast], role: str) -> list[TrafficForecast]:
+    """The forecasts to combine for a worker of this role: its own balancers' if any publish, else
+    the gateways', else all. Never two kinds at once: a request counted by a gateway and again by a
+    balancer would count twice."""
+    for prefix in (ROLE_SOURCES.get(role), "gateway-"):
+        chosen = [f for f in forecasts if prefix and f.source.startswith(prefix)]
+        if chosen:
+            return chosen
+    return forecasts
 
 
 class WorkerSlo:
@@ -63,7 +78,7 @@ class WorkerSlo:
         for source, f in list(self._forecasts.items()):
             if now - f.timestamp > STALE_INTERVALS * f.interval_s:
                 del self._forecasts[source]
-        combined = combine(list(self._forecasts.values()))
+        combined = combine(pick_forecasts(list(self._forecasts.values()), self.role))
         if self.adaptive is not None and combined is not None and combined.num_requests:
             mix = TokenMix(combined.mean_prompt_tokens, combined.mean_output_tokens)
             self.adaptive.set_forecast(mix, combined.forecast_rps)

@@ -6,12 +6,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ferry.bench.compare.servers import ferry_up_argv
 from ferry.launcher.servers import free_port
 
 READY_TIMEOUT_S = 240.0
@@ -72,29 +72,8 @@ def start_system(
     port = free_port()
     workers = ["--layout", "both", "--workers", str(both)] if both else []
     workers = workers or ["--prefill-workers", str(prefill), "--decode-workers", str(decode)]
-    cmd = [
-        sys.executable,
-        "-m",
-        "ferry.cli",
-        "up",
-        "--model",
-        str(model_dir),
-        *workers,
-        "--port",
-        str(port),
-        "--nats-url",
-        nats_url,
-        "--redis-url",
-        redis_url,
-        "--run-dir",
-        str(run_dir),
-        "--num-kv-blocks",
-        "256",
-        "--max-running",
-        "16",
-        "--ep-size",
-        str(ep_size),
-    ]
+    cmd = ferry_up_argv(model_dir, port, run_dir, *workers, "--nats-url", nats_url, "--redis-url", redis_url)
+    cmd += ["--num-kv-blocks", "256", "--max-running", "16", "--ep-size", str(ep_size)]
     # XDG_CONFIG_HOME: the nats CLI context `ferry up` saves lands in the run dir, not in ~/.config
     env = {
         **os.environ,

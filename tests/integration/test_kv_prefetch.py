@@ -1,7 +1,8 @@
 """Multi-turn KV over real nats-server and redis-server (+ the kvcache service): a decode worker writes
-a finished turn's output blocks back to the store, the prefill-balancer asks the next turn's prefill
-worker to prefetch the blocks only the store holds, and the prefilled next turn finds its whole
-history local (pool + host tier) with the exact greedy tokens."""
+a finished turn's output blocks back to the store and says so (`KvWarm`), the prefill-balancer has the
+prefill worker that holds the conversation's head fetch the rest into its host tier before the next
+turn is even sent, and the prefilled next turn finds its whole history local (pool + host tier) with
+the exact greedy tokens."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ async def serve(client, request_id, prompt, sampling=GREEDY):
     return client.tokens[request_id]
 
 
-async def test_next_turn_finds_its_history_prefetched(system, nc, client, tiny_model):
+async def test_next_turn_finds_its_history_warmed_up(system, nc, client, tiny_model):
     prefill, decode_worker = system.workers["prefill-t"], system.workers["decode-t"]
     prefetches: list[KvPrefetch] = []
 
@@ -68,24 +69,23 @@ async def test_next_turn_finds_its_history_prefetched(system, nc, client, tiny_m
     hashes = hash_full_blocks(history[:-1], 16)
     written = hashes[len(TURN_1) // 16 :]  # from the block that holds the prompt's tail on
     assert decode_worker.num_written_back_blocks == len(written)
-
-    turn_2 = history + USER_2
-    # the balancer's index learns the written blocks from the kvcache service's events
-    await wait_until(lambda: _only_in_store(system, prefill, turn_2), "the balancer knows the written-back blocks")
-    # the prefetch a routing would send, sent before the request, as a queued request would see it
-    await nc.publish(subjects.kv_prefetch(prefill.worker_id), encode(KvPrefetch("warm", prefill.namespace, written)))
+    # turn end: the decode worker's KvWarm made the balancer send the prefill worker (which holds the
+    # prompt's blocks) a warm-up of exactly the blocks it lacks, fetched before any next turn exists
     await wait_until(
         lambda: prefill.prefetcher.stats.num_fetched_blocks == len(written),
-        "the prefetch fetched every written-back block",
+        "the warm-up fetched every written-back block",
     )
+    assert [(p.warm, p.block_hashes) for p in prefetches] == [(True, written)]
+    assert prefill.prefetcher.stats.num_warm == 1
 
+    turn_2 = history + USER_2
+    assert _only_in_store(system, prefill, turn_2) == []  # the balancer counts them in the worker's host tier
     assert await serve(client, "turn-2", turn_2) == expected_tokens(tiny_model, turn_2)
     tiers = prefill.prefix_blocks_by_tier
     num_prompt_blocks = len(TURN_1) // 16
     assert tiers["computed"] == num_prompt_blocks  # turn 1: nothing cached anywhere yet
     assert (tiers["device"], tiers["host"], tiers["remote"]) == (num_prompt_blocks, len(written), 0)  # turn 2
-    routed = [p for p in prefetches if p.request_id == "turn-2"]
-    assert routed and routed[0].block_hashes == written  # routing asked for exactly the store-only blocks
+    assert not [p for p in prefetches if p.request_id == "turn-2"]  # nothing left for the routing to fetch
 
 
 async def test_a_cancelled_requests_prefetch_is_dropped(system, nc):
@@ -101,3 +101,15 @@ def _only_in_store(system, prefill, prompt):
     balancer = next(s.__self__ for s in system.stoppers if type(s.__self__).__name__ == "PrefillBalancer")
     hashes = hash_full_blocks(prompt, 16)[: (len(prompt) - 1) // 16]
     return balancer.prefixes.only_in_store(prefill.namespace, prefill.worker_id, hashes)
+
+
+async def test_a_both_roles_worker_writes_the_whole_conversation_back(system, client):
+    both = await system.start_worker("both", "both-t", host_kv_blocks=64)
+    await system.stop_worker("prefill-t")  # draining: turn 1 goes to the both-roles worker
+    await system.until_reported("both-t")
+    output_1 = await serve(client, "turn-1", TURN_1, LONG)
+    assert system.workers["decode-t"].num_written_back_blocks == 0  # it never left the both-roles worker
+    await wait_until(lambda: both.num_written_back_blocks, "the both-roles worker wrote turn 1 back")
+    chain = hash_full_blocks((TURN_1 + output_1)[:-1], 16)
+    assert both.num_written_back_blocks == len(chain)  # nothing of it was in the store before
+    assert await both.store.lookup(chain) == len(chain)

@@ -1,7 +1,8 @@
 """The prefill-balancers' index of what lives where, over real nats-server and redis-server (+ the
 kvcache service): a balancer started after the blocks were stored (a restart, or a new replica)
 rebuilds the same index as the replica that saw every event, from `ferry.kv.resync`; a restarted
-prefill worker's stale blocks are dropped ('cleared') from every replica."""
+prefill worker's stale blocks are dropped ('cleared') from every replica; a warm-up that one replica
+asked for ends up in every replica's index."""
 
 from __future__ import annotations
 
@@ -75,6 +76,26 @@ async def test_a_restarted_worker_is_forgotten_by_every_replica(system, nats_url
         await wait_until(
             lambda: key not in contents(replica) and key not in contents(seen_all),
             "both replicas forgot the restarted worker's pool",
+        )
+    finally:
+        await replica.stop()
+        await nc.close()
+
+
+async def test_replicas_agree_after_a_turn_end_warm_up(system, nats_url, client):
+    """Only one replica takes a turn's KvWarm (queue group) and marks the warmed blocks in the prefill worker's
+    host tier; the worker's host events bring every other replica to the same index, without waiting for its
+    next step."""
+    replica, nc = await start_replica(nats_url)
+    try:
+        await serve(client, "turn-1", TURN_1, LONG)
+        prefill = system.workers["prefill-t"]
+        await wait_until(lambda: prefill.prefetcher.stats.num_fetched_blocks, "the warm-up landed in the host tier")
+        host = (prefill.namespace, prefill.worker_id, "host")
+        seen_all = first_balancer(system)
+        await wait_until(
+            lambda: host in contents(replica) and contents(replica) == contents(seen_all),
+            "both replicas hold the same index, the warmed host-tier blocks included",
         )
     finally:
         await replica.stop()

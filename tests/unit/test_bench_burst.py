@@ -81,6 +81,26 @@ def test_llamacpp_targets_cover_every_ferry_up_variant_at_equal_or_lower_ttft():
     assert {(r["numerator"], r["denominator"]): r for r in report.targets(meta, systems)}["ferry-up", "llamacpp"]["met"]
 
 
+def test_vllm_targets_sit_beside_llamacpps_for_every_variant():
+    meta = {"machine_matmul_gflops": 20.0}
+    systems = {"ferry-up": _system(150, 500), "ferry-up:f32": _system(90, 500), "vllm": _system(70, 600)}
+    rows = {(r["numerator"], r["denominator"]): r for r in report.targets(meta, systems)}
+    assert rows["ferry-up", "vllm"]["value"] == pytest.approx(150 / 70) and rows["ferry-up", "vllm"]["met"]
+    assert rows["ferry-up:f32", "vllm"]["met"] is False  # 1.3x
+    assert rows["ferry-up", "llamacpp"]["met"] is None and ("ferry-up:f32", "llamacpp") not in rows
+    systems["vllm"]["ttft_ms"]["p50"] = 400  # 2.1x, but at a higher TTFT p50
+    assert not {(r["numerator"], r["denominator"]): r for r in report.targets(meta, systems)}["ferry-up", "vllm"]["met"]
+
+
+def test_a_peer_without_its_venv_is_refused_before_anything_runs(tmp_path):
+    from ferry.bench.throughput import run
+
+    for peer in ("llamacpp", "vllm"):
+        with pytest.raises(SystemExit, match=f"--{peer}-python"):
+            run.main(["--out", str(tmp_path / "out"), "--systems", f"ferry-up,{peer}"])
+    assert not (tmp_path / "out").exists()
+
+
 def test_greedy_texts_are_set_side_by_side_with_agreement():
     from ferry.bench.throughput.greedy import PROMPTS
 
@@ -95,3 +115,30 @@ def test_greedy_texts_are_set_side_by_side_with_agreement():
     assert rows[0].endswith("equal to ferry-up: none |") and "answer 0 \\| x" in rows[0]
     assert rows[1].endswith("equal to ferry-up: llamacpp |")
     assert report._greedy({"ferry-up": {}}) == []
+
+
+def test_attention_flops_count_qk_and_pv_over_each_tokens_context():
+    from ferry.model.config import ModelConfig
+
+    base = dict(
+        arch="llama",
+        vocab_size=16,
+        hidden_size=8,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=4,
+        intermediate_size=8,
+        max_position_embeddings=64,
+    )
+    cfg = ModelConfig(**base)
+    # 3 tokens attend to 1, 2 and 3 tokens: 6 contexts x (2 + 2) x heads x head_dim x layers
+    assert burst.attention_flops(cfg, [(2, 1)]) == 6 * 4 * 2 * 4 * 2
+    assert burst.attention_flops(cfg, [(2, 1), (1, 0)]) == (6 + 1) * 4 * 2 * 4 * 2
+    windowed = ModelConfig(**base, sliding_windows=(2, None))
+    # layer 0 sees at most 2 tokens: 1 + 2 + 2 contexts; layer 1 all: 1 + 2 + 3
+    assert burst.attention_flops(windowed, [(3, 0)]) == (5 + 6) * 4 * 2 * 4
+    row = burst.figures(2.0, 10, 10, [], 100.0, attention=1000.0)
+    assert row["weight_gflops"] == 100.0 * 20 / 2 / 1e9
+    assert row["model_gflops"] == (100.0 * 20 + 1000.0) / 2 / 1e9
+    assert row["attention_share_of_flops"] == 1000.0 / 3000.0

@@ -94,7 +94,7 @@ def test_a_finished_sequences_blocks_after_its_prompt_can_be_taken(lm):
     while eng.has_unfinished_requests():
         for out in eng.step():
             tokens += out.new_token_ids
-    hashes, data = eng.take_finished_kv("a", skip_blocks=4)
+    hashes, copy = eng.take_finished_kv("a", skip_blocks=4)
     assert hashes == hash_full_blocks(tokens[:-1], 16)[4:]  # 104 computed tokens: blocks 4..5
-    assert data.shape[0] == len(hashes) == 2
+    assert copy.wait().shape[0] == len(hashes) == 2
     assert eng.take_finished_kv("a") is None  # taken once

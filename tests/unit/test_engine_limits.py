@@ -81,3 +81,18 @@ def test_prefill_backlog_lists_prompts_not_prefilled_in_scheduling_order(lm):
     eng.step()  # r0 whole (20), r1's first 4 tokens; r2 waits for a slot
     assert eng.prefill_backlog() == [(2.0, 16), (3.0, 20)]
     assert eng.decode_load() == (1, 20)  # r0 decodes next over its 20 cached tokens
+
+
+def test_the_queue_view_and_a_reordered_waiting_queue(lm):
+    eng = LLMEngine(lm, EngineConfig(num_kv_blocks=256, max_num_seqs=1, max_num_batched_tokens=64))
+    for i, when in enumerate((1.0, 2.0, 3.0)):
+        eng.add_request(f"r{i}", [5 + 30 * i + j for j in range(20)], GREEDY, arrival_time=when)
+    eng.step()  # r0 prefilled and sampled its first token; r1, r2 wait for the one slot
+    assert eng.running_decodes() == [("r0", 20, 1, 5)]
+    assert eng.prompts() == [("r1", 2.0, 20, 6), ("r2", 3.0, 20, 6)] and eng.prompts(waiting=False) == []
+    eng.reorder_waiting(["r2"])  # the listed first, the rest behind in their order
+    assert [rid for rid, *_ in eng.prompts()] == ["r2", "r1"]
+    while eng.running_decodes():
+        eng.step()
+    eng.step()  # r0 finished: r2 is admitted before r1
+    assert [rid for rid, *_ in eng.prompts()] == ["r1"]

@@ -89,3 +89,12 @@ def test_only_in_store_lists_the_blocks_a_prefetch_would_bring():
     assert index.only_in_store("ns", "w1", HASHES) == [HASHES[1], HASHES[3]]  # the chain ends at block 4
     assert index.only_in_store("ns", "w2", HASHES) == HASHES[:4]
     assert index.only_in_store("other", "w1", HASHES) == []
+
+
+def test_not_held_lists_what_a_warm_up_fetches_whatever_the_store_says():
+    index = PrefixIndex()
+    index.apply("stored", "ns", "w1", HASHES[:2])
+    index.apply("stored", "ns", "w1", HASHES[3:4], tier="host")
+    # the sender vouches for the store: no 'remote' event is needed, and the chain does not end
+    assert index.not_held("ns", "w1", HASHES) == [HASHES[2], HASHES[4]]
+    assert index.not_held("ns", "w2", HASHES[:3]) == HASHES[:3]

@@ -8,14 +8,18 @@ endpoint handler and `reroute` (where a silent worker's queued message goes).
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
 from typing import ClassVar, Generic, TypeVar
 
 from nats.aio.client import Client
 
+from ferry.balancing.arrivals import ArrivalForecast
 from ferry.balancing.runtime import BalancerRuntime
 from ferry.balancing.settings import BalancerSettings
 from ferry.bus import Service, connect, ensure_work_stream, run_service
 from ferry.metrics import start_metrics_server
+from ferry.slo import ForecastConfig
 
 W = TypeVar("W")
 
@@ -41,6 +45,9 @@ class Balancer(abc.ABC, Generic[W]):
             silent_after_intervals=settings.silent_after_intervals,
             tick_s=settings.tick_s,
         )
+        forecast = ForecastConfig(settings.forecast_interval_s, settings.forecast_season_intervals)
+        self.arrivals = ArrivalForecast(self.name, forecast, settings.forecast_publish_s)
+        """What this balancer places, forecast and published on ferry.forecast.<name>-<id> (arrivals.py)."""
 
     @abc.abstractmethod
     async def reroute(self, work: W) -> bool:
@@ -50,6 +57,7 @@ class Balancer(abc.ABC, Generic[W]):
         """Serve in this process until `stop` (tests, benchmarks); `serve_balancer` runs it as a service."""
         await self.service.start(self.nc)
         await self.runtime.start()
+        self._publisher = asyncio.create_task(self.arrivals.publish_loop(self.nc, lambda: self.service.id))
         await self.on_serving()
 
     async def on_serving(self) -> None:
@@ -59,6 +67,11 @@ class Balancer(abc.ABC, Generic[W]):
         await self.on_serving()
 
     async def stop(self) -> None:
+        publisher = getattr(self, "_publisher", None)
+        if publisher is not None:
+            publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await publisher
         await self.service.stop()
         await self.runtime.stop()
 
@@ -70,5 +83,5 @@ async def serve_balancer(cls: type[Balancer], settings: BalancerSettings) -> int
     balancer = cls(nc, settings)
     start_metrics_server(settings.metrics_port)
     runtime = balancer.runtime
-    background = [runtime.run(), balancer._serving()]
+    background = [runtime.run(), balancer._serving(), balancer.arrivals.publish_loop(nc, lambda: balancer.service.id)]
     return await run_service(nc, balancer.service, background=background, on_shutdown=runtime.stop)

@@ -69,6 +69,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--online-requests", type=int, default=64)
     o.add_argument("--threads", type=int, default=2, help="torch threads (default %(default)s)")
     o.add_argument("--device", default="cpu", help="engine device: cpu, cuda, cuda:N (default %(default)s)")
+    o.add_argument(
+        "--ep-size",
+        type=int,
+        default=1,
+        help="N > 1: run the workload on an N-rank expert-parallel group instead and report each "
+        "rank's load (requests, tokens, expert tokens, max/mean); a MoE model whose routed experts N divides",
+    )
+    o.add_argument(
+        "--ep-mode",
+        choices=("single", "sequential", "overlap"),
+        default="single",
+        help="with --ep-size: each step as one batch or two micro-batches (default %(default)s)",
+    )
     t = parser.add_argument_group("SLO trace bench (--offline --trace): adaptive batch cap vs fixed caps")
     t.add_argument("--trace", help="'day-night' (seeded, compressed diurnal load) or a Mooncake/Azure trace file")
     t.add_argument("--tpot-slo-ms", type=float, default=50.0, help="default %(default)s")
@@ -76,6 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--fixed-caps", default="8,16,32,64,128", help="default %(default)s")
     t.add_argument("--day-s", type=float, default=90.0, help="day-night: one compressed day (default %(default)s)")
     t.add_argument("--peak-rps", type=float, default=3.5, help="day-night: noon arrival rate (default %(default)s)")
+    t.add_argument(
+        "--no-slo-admission",
+        action="store_true",
+        help="adaptive: cap and chunk budget only, no queue reordering or TPOT-slack prefill (ablation)",
+    )
     t.add_argument("--trace-speedup", type=float, default=1.0, help="replay: divide trace times by this")
     t.add_argument("--trace-max-requests", type=int, help="replay: the first N requests only")
     from ferry.bench.online import add_url_arguments
@@ -137,6 +155,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--offline needs --model DIR")
     if args.trace:
         return _run_trace(args, args.out or Path("ops/bench/slo") / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+    if args.ep_size != 1:
+        return _run_ep_load(args, workload, out)
     return _run_offline(args, workload, out)
 
 
@@ -158,11 +178,24 @@ def _run_trace(args: argparse.Namespace, out: Path) -> int:
         threads=args.threads,
         trace_speedup=args.trace_speedup,
         max_requests=args.trace_max_requests,
+        admission=not args.no_slo_admission,
         show_progress=not args.no_progress,
     )
     report = run_slo_bench(cfg)
     goodput = {name: round(s["goodput_rps"], 4) for name, s in report["systems"].items()}
     print(json.dumps({"out": str(out), "ratios": report["ratios"], "goodput_rps": goodput}, indent=2))
+    return 0
+
+
+def _run_ep_load(args: argparse.Namespace, workload, out: Path) -> int:
+    from ferry.bench.ep_load import run_ep_load
+    from ferry.engine.config import EngineConfig
+
+    config = EngineConfig(
+        max_num_seqs=args.max_num_seqs, num_kv_blocks=args.num_kv_blocks, device=args.device, detokenize=False
+    )
+    report = run_ep_load(Path(args.model), workload, out, args.ep_size, args.ep_mode, config)
+    print(json.dumps({"out": str(out), "ranks": report["ranks"], "max_over_mean": report["max_over_mean"]}, indent=2))
     return 0
 
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 def write_markdown(path: Path, report: dict) -> None:
     modes, ratios, config = report["modes"], report["ratios"], report["config"]
+    restarted = "every worker" if config.get("restart") == "all" else "the decode worker"
     lines = [
         "# Multi-turn bench: KV prefetch off vs on",
         "",
-        f"{config['num_users']} users x {config['num_turns']} turns (+1 after a worker restart), system prompt "
+        f"{config['num_users']} users x {config['num_turns']} turns (+1 after {restarted} restarts), system prompt "
         f"{config['system_prompt_len']} tokens, user messages ~{config['user_len_median']}, answers "
         f"{config['output_len']} tokens, think time ~{config['think_time_s']} s; model {Path(config['model']).name}.",
         "'off': no host tier, no decode write-back, no prefetch. 'on': all three. Modes run one after the other.",

@@ -2,8 +2,9 @@
 on one nats-server and one redis-server, driven by the same seeded conversations (multiturn.py).
 
 'off' is ferry without the multi-turn KV features (no host tier, no decode write-back, no prefetch);
-'on' has all three. Each mode: start the services, run `num_turns` turns of every conversation, then
-restart every worker (pools and host tiers gone, Redis still holding blocks) and run one more turn.
+Each mode: start the services, run `num_turns` turns of every conversation, then
+restart the decode worker (`--restart decode`, the default: its pool and host tier gone, Redis still holding
+blocks) or every worker (`--restart all`) and run one more turn.
 The report has TTFT p50/p99 per turn, throughput, and the prefill worker's prompt blocks per tier.
 """
 
@@ -38,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--turn-output-len", type=int, default=64)
     m.add_argument("--think-time-s", type=float, default=1.0)
     m.add_argument(
+        "--restart",
+        choices=("decode", "all"),
+        default="decode",
+        help="which workers restart before the last turn (default %(default)s)",
+    )
+    m.add_argument(
         "--prefill-kv-blocks", type=int, default=1024, help="the prefill worker's pool (default %(default)s)"
     )
 
@@ -60,6 +67,7 @@ def run_multiturn(args: argparse.Namespace, out: Path) -> int:
     report: dict = {"config": _fields(config), "modes": {}}
     report["config"]["model"] = str(model)
     report["config"]["prefill_kv_blocks"] = args.prefill_kv_blocks
+    report["config"]["restart"] = args.restart
     report["command"] = " ".join(["ferry", *sys.argv[1:]]) if "bench" in sys.argv else ""
     with contextlib.ExitStack() as stack:
         nats = stack.enter_context(servers.start_nats())
@@ -88,6 +96,7 @@ def _run_mode(mode, model, config, nats_url, redis_url, args, run_dir: Path) -> 
         prefill_workers=1,
         decode_workers=1,
         num_kv_blocks=None,
+        weights_dtype=getattr(args, "weights_dtype", None),
         max_running=args.max_num_seqs,
         max_batch_tokens=None,
         torch_threads=1,  # six processes share the machine
@@ -109,7 +118,7 @@ def _run_mode(mode, model, config, nats_url, redis_url, args, run_dir: Path) -> 
             run_turns(base_url, _model_name(model), config, conversations, system, session, range(config.num_turns))
         )
         result = {"turns": summarize(turns, wall_s), "prefix_blocks_by_tier": asyncio.run(_tier_stats(nats_url))}
-        for child in [c for c in children if c.spec.kind == "worker"]:  # pools and host tiers gone, Redis kept
+        for child in [c for c in children if _restarts(c.spec, args.restart)]:  # pools, host tiers gone; Redis kept
             stop_children([child])
             children[children.index(child)] = spawn(child.spec, run_dir)
         _ready(children, base_url)
@@ -118,10 +127,18 @@ def _run_mode(mode, model, config, nats_url, redis_url, args, run_dir: Path) -> 
             run_turns(base_url, _model_name(model), config, conversations, system, session, last)
         )
         result["after_restart"] = summarize(after, after_wall_s)
-        result["after_restart"]["prefix_blocks_by_tier"] = asyncio.run(_tier_stats(nats_url))
+        after_tiers = asyncio.run(_tier_stats(nats_url))
+        if args.restart != "all":  # the prefill worker's counters kept running: this turn's share only
+            before = result["prefix_blocks_by_tier"]
+            after_tiers = {tier: n - before.get(tier, 0) for tier, n in after_tiers.items()}
+        result["after_restart"]["prefix_blocks_by_tier"] = after_tiers
         return result
     finally:
         stop_children(children)
+
+
+def _restarts(spec, which: str) -> bool:
+    return spec.kind == "worker" and (which == "all" or spec.env.get("FERRY_ROLE") == "decode")
 
 
 def _ready(children, base_url: str) -> None:

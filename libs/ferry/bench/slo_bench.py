@@ -49,6 +49,9 @@ class SloBenchConfig:
     max_requests: int | None = None
     max_output_len: int = 256
     num_windows: int = 24
+    admission: bool = True
+    """The adaptive system reorders its queue and sizes prefill by TPOT slack (SloController.admit);
+    False: cap and chunk budget only (the ablation)."""
     show_progress: bool = True
 
     def __post_init__(self) -> None:
@@ -104,7 +107,7 @@ def _adaptive(cfg: SloBenchConfig, duration_s: float, targets: SloTargets) -> Ad
         interval_s=day_s / FORECAST_INTERVALS_PER_DAY, season_intervals=FORECAST_INTERVALS_PER_DAY, horizon_intervals=2
     )
     limits = ControllerLimits(max_num_seqs=cfg.adaptive_max_num_seqs, fixed_num_seqs=32)
-    return AdaptiveLimits(targets, limits, role="both", forecast=forecast, keep_history=True)
+    return AdaptiveLimits(targets, limits, role="both", forecast=forecast, keep_history=True, admission=cfg.admission)
 
 
 def _config(cfg: SloBenchConfig, cap: int):
@@ -139,6 +142,7 @@ def build_report(cfg, trace, requests, arrivals, results, adaptive, targets) -> 
     windows["adaptive_cap"] = _cap_windows(adaptive, edges)
     best_fixed = max((n for n in systems if n != "adaptive"), key=lambda n: systems[n]["goodput_rps"])
     best = systems[best_fixed]["goodput_rps"]
+    ceiling = len(requests) / duration / best if best else None
     return {
         "kind": "slo_trace",
         "model": str(cfg.model),
@@ -148,7 +152,10 @@ def build_report(cfg, trace, requests, arrivals, results, adaptive, targets) -> 
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items() if k != "day_night"},
         "systems": systems,
         "best_fixed": best_fixed,
-        "ratios": {"adaptive_goodput_vs_best_fixed": systems["adaptive"]["goodput_rps"] / best if best else None},
+        "ratios": {
+            "adaptive_goodput_vs_best_fixed": systems["adaptive"]["goodput_rps"] / best if best else None,
+            "ceiling_vs_best_fixed": ceiling,
+        },
         "windows": windows,
         "step_model": adaptive.model.snapshot(),
     }
@@ -186,7 +193,7 @@ def _attainment(window_of: list[int], good: set[int], num_windows: int) -> list[
 
 def _cap_windows(adaptive: AdaptiveLimits, edges: list[float]) -> dict[str, list]:
     """Mean cap, mean chunk budget and desired replicas per window of the adaptive run's clock."""
-    out: dict[str, list] = {"max_num_seqs": [], "chunk_tokens": [], "desired_replicas": []}
+    out: dict[str, list] = {"max_num_seqs": [], "chunk_tokens": [], "desired_replicas": [], "num_late": []}
     history = adaptive.history or []
     for lo, hi in zip(edges, edges[1:]):
         inside = [h for h in history if lo <= h.time_s < hi]

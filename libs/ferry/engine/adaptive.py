@@ -8,7 +8,15 @@ mix and rate come from the forecaster fed by the arrivals (or from outside: `set
 a published TrafficForecast). Roles: 'both' and 'decode' get a decode cap (with, for 'both', the steady-state
 share of prefill in every step) and a chunk budget that keeps the step in the TPOT target;
 'prefill' keeps its cap and gets the chunk that keeps a step within half the TTFT target.
-No torch here: the engine is used only through set_limits, decode_load and last_step.
+
+What the controller plans with is what the engine holds NOW where it can: the token mix of the
+requests waiting and running (prompt lengths are known at arrival, output limits too) once at
+least MIN_PRESENT are there, else the forecaster's EWMA over past arrivals. With `admission`
+(the default), SloController.admit also reorders the waiting queue (prompts that can still meet
+the TTFT target first, the late behind them) and sizes the chunk from the running decodes' TPOT
+slack; a running decode's first-token time is taken as the first before_step that sees it
+decoding. No torch here: the engine is used only through set_limits, reorder_waiting, prompts,
+running_decodes, decode_load and last_step.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from ferry.slo import (
     ControllerLimits,
     ForecastConfig,
     Plan,
+    QueuedPrompt,
+    RunningDecode,
     SloController,
     SloTargets,
     StepTimeModel,
@@ -26,6 +36,9 @@ from ferry.slo import (
     TrafficForecaster,
 )
 from ferry.slo.step_model import StepRecord
+
+MIN_PRESENT = 4
+"""Requests waiting and running from which their own token mix replaces the forecaster's."""
 
 
 @dataclass(slots=True)
@@ -36,6 +49,8 @@ class LimitsSample:
     max_num_seqs: int
     chunk_tokens: int
     desired_replicas: int
+    num_late: int = 0
+    """Waiting prompts the controller put behind the others (past saving for the TTFT target)."""
 
 
 class AdaptiveLimits:
@@ -46,8 +61,10 @@ class AdaptiveLimits:
         role: str = "both",
         forecast: ForecastConfig | None = None,
         keep_history: bool = False,
+        admission: bool = True,
     ) -> None:
         self.role = role
+        self.admission = admission
         self.model = StepTimeModel()
         self.controller = SloController(self.model, targets, limits)
         self.forecaster = TrafficForecaster(forecast or ForecastConfig())
@@ -57,6 +74,8 @@ class AdaptiveLimits:
         self.history: list[LimitsSample] | None = [] if keep_history else None
         self._outside: tuple[TokenMix, float] | None = None
         self._last_seen: StepRecord | None = None
+        self._first_token: dict[str, tuple[float, int]] = {}
+        """Running decode -> (first seen decoding at, its output tokens then)."""
 
     def observe_arrival(self, now_s: float, num_prompt_tokens: int, num_output_tokens: int) -> None:
         self.forecaster.observe(now_s, num_prompt_tokens, num_output_tokens)
@@ -79,21 +98,48 @@ class AdaptiveLimits:
 
     def before_step(self, engine, now_s: float) -> None:
         self.forecaster.advance(now_s)
-        mix = self.mix
         if self.role == "prefill":
-            self.plan = self.controller.prefill_plan(mix)
-            cap, chunk, budget = engine.config.max_num_seqs, self.plan.chunk_tokens, self.plan.chunk_tokens
+            plan = self.plan = self.controller.prefill_plan(self.mix)
+            cap, chunk, budget, num_late = engine.config.max_num_seqs, plan.chunk_tokens, plan.chunk_tokens, 0
         else:
-            self.plan = self.controller.decode_plan(mix, prefill_in_steps=self.role == "both")
-            num_decoding, num_context = engine.decode_load()
-            backlog = engine.prefill_backlog()
-            cap = self.plan.max_num_seqs
-            chunk = self.controller.chunk_budget(num_decoding, num_context, backlog, now_s)
-            budget = num_decoding + chunk
+            plan, chunk, num_late = self._decode_limits(engine, now_s)
+            cap, budget = plan.max_num_seqs, len(self._first_token) + chunk
         engine.set_limits(max_num_seqs=cap, max_num_batched_tokens=budget)
-        self.desired_replicas = self.controller.desired_replicas(self.forecast_rps, self.plan, self.desired_replicas)
+        self.desired_replicas = self.controller.desired_replicas(self.forecast_rps, plan, self.desired_replicas)
         if self.history is not None:
-            self.history.append(LimitsSample(now_s, cap, chunk, self.desired_replicas))
+            self.history.append(LimitsSample(now_s, cap, chunk, self.desired_replicas, num_late))
+
+    def _decode_limits(self, engine, now_s: float) -> tuple[Plan, int, int]:
+        """(plan, chunk budget, late prompts) of a decoding role; reorders the queue with admission."""
+        waiting, head, running = engine.prompts(), engine.prompts(waiting=False), engine.running_decodes()
+        self._track_first_tokens(running, now_s)
+        plan = self.plan = self.controller.decode_plan(self.mix_now(waiting, head, running), self.role == "both")
+        num_decoding, num_context = engine.decode_load()
+        if not self.admission:
+            return plan, self.controller.chunk_budget(num_decoding, num_context, engine.prefill_backlog(), now_s), 0
+        decodes = [
+            RunningDecode(rid, self._first_token[rid][0], num_out - self._first_token[rid][1], left)
+            for rid, _, num_out, left in running
+        ]
+        queue = [QueuedPrompt(rid, arrival, tokens) for rid, arrival, tokens, _ in waiting]
+        head_prompts = [QueuedPrompt(rid, arrival, tokens) for rid, arrival, tokens, _ in head]
+        decision = self.controller.admit(queue, decodes, num_context, now_s, head_prompts)
+        if decision.num_late:
+            engine.reorder_waiting([p.key for p in decision.order])
+        return plan, decision.chunk_tokens, decision.num_late
+
+    def _track_first_tokens(self, running: list[tuple[str, int, int, int]], now_s: float) -> None:
+        seen = self._first_token
+        self._first_token = {rid: seen.get(rid) or (now_s, num_out) for rid, _, num_out, _ in running}
+
+    def mix_now(self, waiting, head, running) -> TokenMix:
+        """The token mix of the requests in the engine now (engine.prompts / running_decodes
+        tuples); the forecaster's (self.mix) while fewer than MIN_PRESENT are there."""
+        prompts = [tokens for _, _, tokens, _ in (*waiting, *head)] + [p for _, p, _, _ in running]
+        outputs = [left for _, _, _, left in (*waiting, *head)] + [out + left for _, _, out, left in running]
+        if len(prompts) < MIN_PRESENT:
+            return self.mix
+        return TokenMix(sum(prompts) / len(prompts), sum(outputs) / len(outputs))
 
     def after_step(self, engine) -> None:
         record = engine.last_step

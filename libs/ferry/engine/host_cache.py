@@ -44,15 +44,17 @@ class HostBlockCache:
     def hashes(self) -> list[bytes]:
         return list(self._blocks)
 
-    def put(self, block_hash: bytes, data: torch.Tensor) -> None:
-        """Keep one block ([*block_shape], any device: copied to the host) as the most recent."""
+    def put(self, block_hash: bytes, data: torch.Tensor, owned: bool = False) -> None:
+        """Keep one block ([*block_shape], any device: copied to the host) as the most recent.
+        owned: data is a host tensor nobody else writes (a KvCopier copy, maybe still landing): kept
+        as it is, not copied."""
         if self.capacity_blocks == 0:
             return
         if block_hash in self._blocks:
             self._blocks.move_to_end(block_hash)
             return
-        host = data.detach().to("cpu", copy=True)
-        if self.pin_memory:
+        host = data if owned else data.detach().to("cpu", copy=True)
+        if self.pin_memory and not host.is_pinned():
             host = host.pin_memory()
         self._blocks[block_hash] = host
         self._note(block_hash, True)

@@ -1,8 +1,10 @@
 """HostTier: wires a HostBlockCache under an engine's device pool. Runs on the engine thread.
 
 Eviction: the block manager names each computed block it is about to reuse (`on_evict`); the
-copies are taken in one batch (`flush`) before anything writes into the pool (a model step, a
-block load), while the evicted slots still hold their KV.
+copies are started in one batch (`flush`) before anything writes into the pool (a model step, a
+block load), while the evicted slots still hold their KV. The copies go through the engine's
+KvCopier: on a GPU the host keeps pinned views of a copy still under way on the side stream, and
+reading them back is queued on that stream after it (engine/kv_copy.py): nothing here waits.
 Promotion: before a request is admitted, the leading prompt blocks the pool lacks but the host
 holds are written into free pool slots as cached blocks (`promote`), so the scheduler's prefix
 match finds them like any local hit: host memory instead of Redis or a recompute.
@@ -16,15 +18,15 @@ import torch
 
 from ferry.engine.block_manager import BlockManager
 from ferry.engine.host_cache import HostBlockCache
+from ferry.engine.kv_copy import KvCopier
 from ferry.engine.sequence import Sequence as Seq
-from ferry.model.kv_cache import PagedKVCache
 
 
 class HostTier:
-    def __init__(self, cache: HostBlockCache, block_manager: BlockManager, kv: PagedKVCache) -> None:
+    def __init__(self, cache: HostBlockCache, block_manager: BlockManager, copier: KvCopier) -> None:
         self.cache = cache
         self.block_manager = block_manager
-        self.kv = kv
+        self.copier = copier
         self._evicted: list[tuple[int, bytes]] = []
         block_manager.on_evict = self._on_evict
 
@@ -35,9 +37,10 @@ class HostTier:
         """Copy the blocks evicted since the last flush to the host; call before writing the pool."""
         if not self._evicted:
             return
-        data = self.kv.read_blocks([block_id for block_id, _ in self._evicted])  # [n, *block_shape]
-        for (_, block_hash), block in zip(self._evicted, data):
-            self.cache.put(block_hash, block)
+        copy = self.copier.copy_out([block_id for block_id, _ in self._evicted], keep_pinned=True)
+        assert copy.buffer is not None, "host-tier copies always land in host memory"
+        for (_, block_hash), block in zip(self._evicted, copy.buffer):  # [*block_shape] views, landing
+            self.cache.put(block_hash, block, owned=True)
         self._evicted.clear()
 
     def promote(self, seq: Seq) -> int:
@@ -65,7 +68,7 @@ class HostTier:
             blocks.append(block)
         self.flush()  # the adopted slots' previous blocks go to the host before they are overwritten
         if block_ids:
-            self.kv.write_blocks(block_ids, torch.stack(blocks))
+            self.copier.write(block_ids, blocks)
         self.cache.num_hits += len(block_ids)
         return len(block_ids)
 

@@ -5,21 +5,18 @@ Everything here runs on the engine thread, except the read-only lookups noted as
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
 
 import torch
 
 from ferry.engine.block_manager import BlockManager
 from ferry.engine.host_tier import HostTier
-
-if TYPE_CHECKING:
-    from ferry.engine.runner import ModelRunner
+from ferry.engine.kv_copy import KvCopier, OutCopy
 
 
 class KvTiers:
     block_manager: BlockManager
     host: HostTier | None
-    runner: ModelRunner
+    copier: KvCopier
     _finished_chains: OrderedDict[str, list[bytes]]
     _max_finished_chains: int
 
@@ -27,14 +24,21 @@ class KvTiers:
         """Keep the block hashes of the last `max_sequences` finished sequences for take_finished_kv."""
         self._max_finished_chains = max_sequences
 
-    def take_finished_kv(self, request_id: str, skip_blocks: int = 0) -> tuple[list[bytes], torch.Tensor] | None:
-        """(hashes, [n, *block_shape] CPU copy) of a finished sequence's full blocks after the first
-        `skip_blocks`, as far as the pool still holds them; None when it holds none (or it was not kept)."""
+    def take_finished_kv(self, request_id: str, skip_blocks: int = 0) -> tuple[list[bytes], OutCopy] | None:
+        """(hashes, copy to the host of [n, *block_shape]) of a finished sequence's full blocks after
+        the first `skip_blocks`, as far as the pool still holds them; None when it holds none (or it
+        was not kept). The copy is under way (OutCopy.result); the caller's I/O side waits for it."""
+        taken = self.take_finished_chain(request_id, skip_blocks)
+        return (taken[0][skip_blocks:], taken[1]) if taken is not None else None
+
+    def take_finished_chain(self, request_id: str, skip_blocks: int = 0) -> tuple[list[bytes], OutCopy] | None:
+        """Like take_finished_kv, with the whole chain: (hashes of every leading full block as far as
+        the pool holds them, copy of those after the first `skip_blocks`)."""
         chain = self._finished_chains.pop(request_id, None) or []
         block_ids = self.block_manager.cached_block_ids(chain[skip_blocks:])
         if not block_ids:
             return None
-        return chain[skip_blocks : skip_blocks + len(block_ids)], self.runner.kv.read_blocks(block_ids)
+        return chain[: skip_blocks + len(block_ids)], self.copier.copy_out(block_ids)
 
     def num_cached_blocks(self, block_hashes: list[bytes]) -> int:
         """How many leading blocks of this chained-hash list are here now, in the pool or the host tier."""

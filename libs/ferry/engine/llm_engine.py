@@ -17,19 +17,21 @@ from ferry.engine.block_manager import BlockManager
 from ferry.engine.config import EngineConfig
 from ferry.engine.host_cache import HostBlockCache
 from ferry.engine.host_tier import HostTier
+from ferry.engine.kv_copy import KvCopier
+from ferry.engine.kv_handoff import KvHandoff
 from ferry.engine.kv_tiers import KvTiers
-from ferry.engine.outputs import EngineStats, PrefilledKV, RequestOutput
+from ferry.engine.outputs import EngineStats, RequestOutput
 from ferry.engine.request_state import RequestState
 from ferry.engine.runner import ModelRunner
 from ferry.engine.sampler import sample
 from ferry.engine.scheduler import ScheduledBatch, Scheduler
 from ferry.engine.sequence import Sequence
 from ferry.model import LoadedModel, load_model
-from ferry.protocol import SamplingParams, hash_full_blocks
+from ferry.protocol import SamplingParams
 from ferry.slo.step_model import StepRecord
 
 
-class LLMEngine(KvTiers):
+class LLMEngine(KvHandoff, KvTiers):
     def __init__(self, lm: LoadedModel, config: EngineConfig | None = None) -> None:
         self.lm = lm
         self.config = config = config or EngineConfig()
@@ -37,6 +39,8 @@ class LLMEngine(KvTiers):
         self.runner = ModelRunner(
             lm, num_blocks, config.block_size, config.device, _kv_dtype(config), config.attention, config.max_num_seqs
         )
+        self.copier = KvCopier(self.runner.kv)
+        """Every KV block in or out of the pool goes through it, off the engine thread's critical path."""
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -48,7 +52,7 @@ class LLMEngine(KvTiers):
         """Blocks evicted from the pool, kept in host memory (config.host_cache_blocks > 0)."""
         if config.host_cache_blocks:
             cache = HostBlockCache(config.host_cache_blocks, pin_memory=config.device.startswith("cuda"))
-            self.host = HostTier(cache, self.block_manager, self.runner.kv)
+            self.host = HostTier(cache, self.block_manager, self.copier)
         self.max_model_len = lm.config.max_position_embeddings
         self.generator = torch.Generator().manual_seed(config.seed)
         self._requests: dict[str, RequestState] = {}
@@ -160,6 +164,26 @@ class LLMEngine(KvTiers):
         decoding = [s for s in self.scheduler.running if s.is_prefill_done]
         return len(decoding), sum(s.num_computed_tokens for s in decoding)
 
+    def prompts(self, waiting: bool = True) -> list[tuple[str, float, int, int]]:
+        """(request id, arrival_time, tokens still to prefill, output tokens still allowed) of the
+        waiting queue in admission order (waiting=True) or of the running sequences still
+        prefilling: what an SLO controller plans admission with."""
+        seqs = self.scheduler.waiting if waiting else [s for s in self.scheduler.running if not s.is_prefill_done]
+        return [(s.request_id, s.arrival_time, s.num_uncomputed_tokens, _left(s)) for s in seqs]
+
+    def running_decodes(self) -> list[tuple[str, int, int, int]]:
+        """(request id, prompt tokens, output tokens so far, output tokens still allowed) of the
+        sequences that decode next step."""
+        running = self.scheduler.running
+        return [
+            (s.request_id, s.num_prompt_tokens, s.num_output_tokens, _left(s)) for s in running if s.is_prefill_done
+        ]
+
+    def reorder_waiting(self, request_ids: list[str]) -> None:
+        """Admit the waiting sequences in this order from the next step on (an SLO controller's
+        decision); waiting ones not listed keep their order behind the listed."""
+        self.scheduler.reorder_waiting(request_ids)
+
     def _postprocess(self, batch: ScheduledBatch, logits: torch.Tensor) -> list[RequestOutput]:
         rows = [i for i, s in enumerate(batch.seqs) if s.num_computed_tokens == s.num_tokens]
         if not rows:
@@ -198,72 +222,6 @@ class LLMEngine(KvTiers):
         self._num_steps += 1
         self._num_scheduled += len(batch.seqs)
         self._num_computed_tokens += sum(batch.num_new_tokens)
-
-    # ---- disaggregated prefill / decode ------------------------------------------------------
-    def take_prefilled(self, request_id: str) -> PrefilledKV:
-        """The KV of a prefill-role request after its first token; its blocks are released."""
-        return self._copy_out(self._pinned.pop(request_id).seq)
-
-    def take_running(self, request_id: str) -> tuple[PrefilledKV, list[int]]:
-        """Take an unfinished request out to continue in another engine (its worker shuts down):
-        the KV of its computed tokens and every output token so far; its blocks are released.
-        KeyError if it is not here (finished, aborted, never added)."""
-        seq = self._requests.pop(request_id).seq
-        self.scheduler.detach(seq)
-        return self._copy_out(seq), list(seq.output_token_ids)
-
-    def _copy_out(self, seq: Sequence) -> PrefilledKV:
-        """A CPU copy of the KV of `seq`'s computed tokens, then its blocks freed."""
-        num_tokens = seq.num_computed_tokens
-        block_ids = seq.block_ids[: self.block_manager.blocks_for(num_tokens)]
-        data = self.runner.kv.read_blocks(block_ids)
-        hashes = seq.block_hashes[: num_tokens // self.config.block_size]
-        if len(hashes) < num_tokens // self.config.block_size:  # not kept without prefix caching
-            hashes = hash_full_blocks(seq.token_ids[:num_tokens], self.config.block_size)
-        self.block_manager.free(seq)
-        return PrefilledKV(block_ids, hashes, num_tokens, data)
-
-    def can_admit(self, num_tokens: int) -> bool:
-        """Room for a sequence of num_tokens (+1 to decode) now, in blocks and in the batch cap."""
-        num_seqs = len(self.scheduler.running) + len(self.scheduler.waiting)
-        return (
-            num_seqs < self.scheduler.max_num_seqs
-            and self.block_manager.blocks_for(num_tokens + 1) <= self.block_manager.num_free_blocks
-        )
-
-    def add_prefilled(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        output_token_ids: list[int],
-        sampling: SamplingParams,
-        kv_data: torch.Tensor,
-        num_kv_tokens: int,
-        count_as_cached: bool = False,
-    ) -> None:
-        """Join a sequence whose first num_kv_tokens tokens' KV is kv_data [n, *block_shape].
-
-        count_as_cached: the KV is a reused prefix (from the store), not this request's own
-        hand-off, so it counts in num_cached_tokens like a local prefix-cache hit."""
-        state = self._new_state(request_id, prompt_token_ids, output_token_ids, sampling, None)
-        seq = state.seq
-        num_kv_blocks = self.block_manager.blocks_for(num_kv_tokens)
-        if not 1 <= num_kv_tokens < seq.num_tokens:
-            raise ValueError(f"num_kv_tokens={num_kv_tokens}: must be in [1, {seq.num_tokens - 1}]")
-        if kv_data.shape[0] != num_kv_blocks:
-            raise ValueError(f"kv_data: {kv_data.shape[0]} blocks, {num_kv_tokens} tokens need {num_kv_blocks}")
-        if not self.block_manager.allocate(seq):
-            raise RuntimeError(f"{request_id}: no room for {seq.num_tokens} tokens (check can_admit first)")
-        if self.host is not None:
-            self.host.flush()
-        self.runner.kv.write_blocks(seq.block_ids[:num_kv_blocks], kv_data)
-        seq.num_computed_tokens = num_kv_tokens
-        if count_as_cached:
-            seq.num_cached_tokens = num_kv_tokens
-            self.block_manager.num_hit_tokens += num_kv_tokens
-        self.block_manager.commit(seq)  # full blocks join the prefix cache: later local requests hit
-        self._requests[request_id] = state
-        self.scheduler.add_running(seq)
 
     # ---- introspection -----------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -340,6 +298,10 @@ def _step_shape(batch: ScheduledBatch) -> tuple[int, int, int]:
     """(sequences, prefill tokens, context tokens read) of a scheduled batch, before it runs."""
     prefill = sum(n for seq, n in zip(batch.seqs, batch.num_new_tokens) if not seq.is_prefill_done)
     return len(batch.seqs), prefill, sum(seq.num_computed_tokens for seq in batch.seqs)
+
+
+def _left(seq: Sequence) -> int:
+    return max(0, seq.num_tokens_limit - seq.num_tokens)
 
 
 def _kv_dtype(config: EngineConfig) -> torch.dtype | None:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ferry.protocol import TokenLogprob
+
+if TYPE_CHECKING:
+    from ferry.engine.kv_copy import OutCopy
 
 
 @dataclass(slots=True)
@@ -66,5 +70,10 @@ class PrefilledKV:
     """Chained hashes of the full blocks (a trailing partial block has none)."""
     num_tokens: int
     """Tokens covered by data (the prompt, plus prior output tokens if any)."""
-    data: torch.Tensor
-    """[len(block_ids), *block_shape] CPU copy of the blocks (kv.read_blocks)."""
+    copy: OutCopy
+    """The blocks on their way to the host (KvCopier.copy_out): an I/O side awaits copy.result()."""
+
+    @property
+    def data(self) -> torch.Tensor:
+        """[len(block_ids), *block_shape] on the host; waits for the copy (not on the engine thread)."""
+        return self.copy.wait()

@@ -71,6 +71,11 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = SeqStatus.FINISHED
 
+    def reorder_waiting(self, request_ids: list[str]) -> None:
+        """The waiting queue in this order (by request id); the ones not listed follow in their order."""
+        rank = {rid: i for i, rid in enumerate(request_ids)}
+        self.waiting = deque(sorted(self.waiting, key=lambda s: rank.get(s.request_id, len(rank))))
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 

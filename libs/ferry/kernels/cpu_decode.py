@@ -144,10 +144,21 @@ def _first_error(message: str) -> str:
     return next((line for line in lines if "error" in line.lower()), lines[-1])
 
 
+_ENV = getattr(os.environ, "_data", None)
+"""os.environ's own dict of encoded names and values (POSIX CPython): a plain dict lookup, where
+os.environ.get encodes the name and decodes the value in Python on every call."""
+_SWITCH, _OFF = "FERRY_CPU_KERNELS", "0"
+if isinstance(_ENV, dict):
+    _SWITCH_KEY, _OFF_VALUE = os.environ.encodekey(_SWITCH), os.environ.encodevalue(_OFF)
+
+
 def cpu_kernels_enabled() -> bool:
     """The switch of every CPU fast path (this kernel, ferry.model.cpu_linear's packed weights):
-    FERRY_CPU_KERNELS=0 forces plain torch, read per call so a benchmark can switch."""
-    return os.environ.get("FERRY_CPU_KERNELS", "1") != "0"
+    FERRY_CPU_KERNELS=0 forces plain torch, read per call so a benchmark can switch. Called by every
+    op of a step (~100 a step): read from os.environ's own dict, which os.environ and setenv update."""
+    if isinstance(_ENV, dict):
+        return _ENV.get(_SWITCH_KEY) != _OFF_VALUE
+    return os.environ.get(_SWITCH, "1") != _OFF
 
 
 def fused_decode_enabled() -> bool:

@@ -17,10 +17,10 @@ from ferry.kernels.cpu_decode import SUPPORTED_CACHE_DTYPES, fused_decode_enable
 
 def fused_ops_usable(*tensors: torch.Tensor) -> bool:
     """True when the C++ ops take these tensors: fp32 on the CPU, elements contiguous, kernels on and built."""
-    return (
-        all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors)
-        and fused_decode_enabled()
-    )
+    for t in tensors:  # a loop, not all(<generator>): this runs several times per layer and step
+        if t.dtype != torch.float32 or t.device.type != "cpu" or t.stride(-1) != 1:
+            return False
+    return fused_decode_enabled()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -10,6 +10,7 @@ what a step derives from it (decode gather plans) lives with the KV cache (Paged
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -127,8 +128,10 @@ class AttentionMetadata:
 
 def _one_transfer(parts: dict[str, list[int]], device: torch.device) -> dict[str, torch.Tensor]:
     """Every list in one int64 host buffer (pinned for a GPU), one copy to device -> views by name."""
-    flat = [v for values in parts.values() for v in values]
-    host = torch.tensor(flat, dtype=torch.int64)
+    flat = array("q")  # int64; torch.tensor(<list>) converted element by element, ~10x slower per step
+    for values in parts.values():
+        flat.extend(values)
+    host = torch.frombuffer(flat, dtype=torch.int64) if flat else torch.empty(0, dtype=torch.int64)
     if device.type == "cuda":
         host = host.pin_memory()
     buffer = host.to(device, non_blocking=True)

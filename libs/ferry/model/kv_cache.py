@@ -36,6 +36,7 @@ class PagedKVCache:
         )
 
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._views: tuple[torch.Tensor, list[torch.Tensor]] | None = None
         self._step: tuple[object, dict] = (None, {})
 
     def step_cache(self, meta: object) -> dict:
@@ -60,7 +61,16 @@ class PagedKVCache:
         return (num_layers, planes, heads, bs, dim)
 
     def layer(self, layer: int, plane: int) -> torch.Tensor:
-        return self.data[layer, plane].permute(1, 2, 0, 3)  # [N, bs, H, D] view of [H, N, bs, D]
+        """[N, bs, H, D] view of plane's [H, N, bs, D] storage; made once per (layer, plane) and kept (every
+        layer asks for its K and V views several times a step), remade only if `data` is replaced."""
+        views = self._views
+        if views is None or views[0] is not self.data:
+            planes = self.data.shape[1]
+            views = self._views = (
+                self.data,
+                [self.data[i // planes, i % planes].permute(1, 2, 0, 3) for i in range(self.data.shape[0] * planes)],
+            )
+        return views[1][layer * self.data.shape[1] + plane]
 
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
         """-> [n, *block_shape], a contiguous CPU copy."""

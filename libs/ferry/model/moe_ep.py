@@ -1,10 +1,15 @@
 """Expert-parallel DeepSeek-V3 MoE: this rank holds some routed experts, every rank the router and
 the shared experts. Tokens go to the ranks holding their experts and come back by all-to-all.
 
-One layer's communication, in order: the per-slot token counts (all_to_all_single of n*S ints),
-then the tokens themselves (dispatch), then the experts' outputs back to where the tokens live
-(combine). `steps` is a generator that yields right after launching each of them (async_op=True),
-so a driver can run another micro-batch's compute before it waits; `forward` just runs it through.
+One layer's communication: the dispatch sends each token to the ranks holding its experts, the
+combine brings the experts' outputs back to where the token lives (all_to_all_single, async_op=True).
+A receiver must know how many rows come before it can post the dispatch: given every rank's token
+count of this micro-batch (one small all-gather per step, by the runner), a small dispatch pads
+each block to a bound both sides know and carries the counts in a header row, one collective;
+otherwise the per-slot counts go first, then exactly the rows (two). `steps` is a generator that
+yields right after each launch, so a driver can run another micro-batch's compute before it waits;
+the shared experts fill the window no other micro-batch's attention covers (the exact dispatch's, or
+the combine's). `forward` just runs it through.
 """
 
 from __future__ import annotations
@@ -18,11 +23,18 @@ import torch.distributed as dist
 from torch import nn
 
 from ferry.kernels import silu_and_mul
+from ferry.model import ep_layout
 from ferry.model.grouped_experts import GroupedExperts
 from ferry.model.moe import MoE, Router
 from ferry.parallel.placement import ExpertPlacement
 
 Steps = Generator[None, None, torch.Tensor]
+Exchange = Generator[None, None, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]
+"""A dispatch: yields at its launches; -> (counts received [n, S], rows received, where each
+source's block of rows starts, the shared experts' output if it computed them)."""
+
+PADDED_EXCHANGE_MAX_BYTES = 1 << 20
+"""Largest padded dispatch (all blocks, one rank's view) sent as one all-to-all with its counts."""
 
 
 def run_to_end(steps: Generator[None, None, Any]) -> Any:
@@ -73,8 +85,10 @@ class ExpertParallelMoE(nn.Module):
     def _dtype(self) -> torch.dtype:
         return self.grouped.down.dtype
 
-    def steps(self, x: torch.Tensor) -> Steps:
-        """x [T, hidden] -> [T, hidden]; yields after each all-to-all launch."""
+    def steps(self, x: torch.Tensor, peer_tokens: list[int] | None = None) -> Steps:
+        """x [T, hidden] -> [T, hidden]; yields after each all-to-all launch. peer_tokens: this
+        micro-batch's token count on every rank (the same list everywhere); with it, a small exchange
+        sends counts and tokens in one padded all-to-all instead of two (see _capacities)."""
         num_ranks, num_slots = self.placement.ep_size, self.placement.slots_per_rank
         ids, weights = self._route(x)  # [T, k] each
         top_k = ids.shape[1]
@@ -82,23 +96,74 @@ class ExpertParallelMoE(nn.Module):
         self.expert_tokens += torch.bincount(flat, minlength=self.placement.num_experts)
         phys = self._physical_slots(flat, top_k)  # [T*k] global slot of each assignment
         order = phys.argsort(stable=True)  # by rank, then local slot, then token
-        send_counts = torch.bincount(phys, minlength=num_ranks * num_slots)  # [n*S]
+        rows = order // top_k  # [T*k] token row of each sorted assignment
+        send_counts = torch.bincount(phys, minlength=num_ranks * num_slots).view(num_ranks, num_slots)
+        capacities = self._capacities(peer_tokens, top_k, x)
+        if capacities is None:
+            exchange = self._dispatch_counted(x[rows], send_counts, x)
+        else:
+            exchange = self._dispatch_padded(x[rows], send_counts, capacities)
+        recv_counts, received, block_starts, shared = yield from exchange
+        recv_rows = recv_counts.sum(1)  # [n]
+        layouts = torch.stack([block_starts, ep_layout.exclusive_cumsum(recv_rows)])  # as received, compact
+        (expert_rows, source_rows), ends = ep_layout.slot_major_rows(recv_counts, layouts)
+        hidden = self._run_experts(received[expert_rows], ends)  # [R, hidden] slot-major
+        computed = torch.empty_like(hidden)  # back in each source's order, no padding
+        computed[source_rows] = hidden
+        recv_splits = recv_rows.tolist()
+        back = x.new_empty(len(rows), x.shape[1])
+        combine = self._launch(back, computed, send_counts.sum(1).tolist(), recv_splits)
+        if shared is None:  # the shared experts need no other rank: they compute while the outputs travel
+            shared = self._shared(x)
+        yield
+        self._wait(combine)
+        out = torch.zeros_like(x).index_add_(0, rows, back * weights.flatten()[order, None].to(x.dtype))
+        return out if shared is None else out + shared
+
+    def _capacities(self, peer_tokens: list[int] | None, top_k: int, x: torch.Tensor) -> list[int] | None:
+        """Rows each rank may send any one rank (a token reaches at most min(k, slots) slots of a
+        rank), when padding every block to that is cheap; None: count first, then send exactly.
+        Small exchanges are latency-bound, so one collective with padding beats two; big ones are
+        bandwidth-bound and padding would cost more than the round trip it saves. Every rank
+        decides alike: the same peer_tokens, the same shapes."""
+        if peer_tokens is None:
+            return None
+        per_token = min(top_k, self.placement.slots_per_rank)
+        capacities = [tokens * per_token for tokens in peer_tokens]
+        row_bytes = x.shape[1] * x.element_size()
+        padded_bytes = len(capacities) * (1 + max(capacities)) * row_bytes
+        return capacities if padded_bytes <= PADDED_EXCHANGE_MAX_BYTES else None
+
+    def _dispatch_counted(self, sent: torch.Tensor, send_counts: torch.Tensor, x: torch.Tensor) -> Exchange:
+        """Two all-to-alls: the per-slot counts, then exactly the rows. The shared experts compute
+        while the rows travel: the other micro-batch only posts its own rows meanwhile."""
         recv_counts = torch.empty_like(send_counts)
         yield from self._all_to_all(recv_counts, send_counts)
-        send_splits = send_counts.view(num_ranks, num_slots).sum(1).tolist()
-        recv_splits = recv_counts.view(num_ranks, num_slots).sum(1).tolist()
-        received = x.new_empty(sum(recv_splits), x.shape[1])
-        dispatch = self._launch(received, x[order // top_k], recv_splits, send_splits)
-        # the shared experts need no other rank: they compute while the tokens travel
-        shared = self.shared_experts(x) if self.shared_experts is not None and len(x) else None
+        recv_splits = recv_counts.sum(1).tolist()
+        received = sent.new_empty(sum(recv_splits), sent.shape[1])
+        work = self._launch(received, sent, recv_splits, send_counts.sum(1).tolist())
+        shared = self._shared(x)
         yield
-        self._wait(dispatch)
-        computed = self._run_experts(received, recv_counts.view(num_ranks, num_slots))
-        back = x.new_empty(len(order), x.shape[1])
-        yield from self._all_to_all(back, computed, send_splits, recv_splits)
-        out = torch.zeros_like(x)
-        out.index_add_(0, order // top_k, back * weights.flatten()[order, None].to(x.dtype))
-        return out if shared is None else out + shared
+        self._wait(work)
+        starts = ep_layout.exclusive_cumsum(torch.tensor(recv_splits, device=sent.device))
+        return recv_counts, received, starts, shared
+
+    def _dispatch_padded(self, sent: torch.Tensor, send_counts: torch.Tensor, capacities: list[int]) -> Exchange:
+        """One all-to-all: to each rank a header row of counts, then its rows, padded to our capacity."""
+        num_ranks, num_slots = send_counts.shape
+        block = 1 + capacities[self.rank]
+        buffer = sent.new_empty(num_ranks * block, sent.shape[1])
+        buffer[ep_layout.padded_positions(send_counts.sum(1), block)] = sent
+        ep_layout.header_view(buffer[::block], num_slots).copy_(send_counts)
+        recv_blocks = [1 + capacity for capacity in capacities]
+        received = sent.new_empty(sum(recv_blocks), sent.shape[1])
+        yield from self._all_to_all(received, buffer, recv_blocks, [block] * num_ranks)
+        headers = ep_layout.exclusive_cumsum(torch.tensor(recv_blocks, device=sent.device))  # [n]
+        recv_counts = ep_layout.header_view(received[headers], num_slots).to(torch.int64)
+        return recv_counts, received, headers + 1, None
+
+    def _shared(self, x: torch.Tensor) -> torch.Tensor | None:
+        return self.shared_experts(x) if self.shared_experts is not None and len(x) else None
 
     def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if len(x):
@@ -111,18 +176,11 @@ class ExpertParallelMoE(nn.Module):
         rows = torch.arange(len(flat_ids), device=flat_ids.device) // top_k + self.rank
         return self.copy_table[flat_ids, rows % self.num_copies[flat_ids]]
 
-    def _run_experts(self, received: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """received [R, hidden]: per source rank, its rows grouped by our local slot (counts [n, S])."""
-        num_slots = counts.shape[1]
-        slots = torch.arange(num_slots, device=counts.device).repeat(counts.shape[0])
-        slot_of_row = torch.repeat_interleave(slots, counts.flatten())  # [R]
-        by_slot = slot_of_row.argsort(stable=True)
-        ends = counts.sum(0).cumsum(0).to(torch.int32)  # [S] end of each slot's rows, sorted
-        self.computed_tokens += len(received)
-        hidden = silu_and_mul(self.grouped._matmul(received[by_slot], self.grouped.gate_up, ends))
-        out = torch.empty_like(received)
-        out[by_slot] = self.grouped._matmul(hidden, self.grouped.down, ends)
-        return out
+    def _run_experts(self, rows: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """rows [R, hidden] grouped by local slot, ends [S] -> [R, hidden]: each slot's expert on its rows."""
+        self.computed_tokens += len(rows)
+        hidden = silu_and_mul(self.grouped._matmul(rows, self.grouped.gate_up, ends))
+        return self.grouped._matmul(hidden, self.grouped.down, ends)
 
     def _all_to_all(
         self,

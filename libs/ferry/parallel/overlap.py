@@ -11,10 +11,12 @@ Sequences split at a sequence boundary, tokens as even as that allows; an empty 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ferry.engine.device import device_guard
 from ferry.engine.runner import ModelRunner
@@ -23,6 +25,7 @@ from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.causal_lm import CausalLM
 from ferry.model.kv_cache import PagedKVCache
 from ferry.model.moe_ep import ExpertParallelMoE, run_to_end
+from ferry.parallel.shard import expert_parallel_layers
 
 MODES = ("single", "sequential", "overlap")
 """single: one batch; sequential: two micro-batches one after the other (the baseline overlap is
@@ -44,9 +47,15 @@ def split_batch(batch: ScheduledBatch) -> tuple[ScheduledBatch, ScheduledBatch]:
 
 
 def forward_steps(
-    model: CausalLM, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata | None, kv: PagedKVCache
+    model: CausalLM,
+    ids: torch.Tensor,
+    pos: torch.Tensor,
+    meta: AttentionMetadata | None,
+    kv: PagedKVCache,
+    peer_tokens: list[int] | None = None,
 ) -> Generator[None, None, torch.Tensor | None]:
-    """CausalLM.forward as a generator yielding at each all-to-all launch; None for no tokens."""
+    """CausalLM.forward as a generator yielding at each all-to-all launch; None for no tokens.
+    peer_tokens: this micro-batch's token count on every rank (ExpertParallelMoE.steps)."""
     x = model.model.embed_tokens(ids)  # [T, hidden]
     has_tokens = len(ids) > 0
     cos, sin = model.rotary.cos_sin(pos, x.dtype) if has_tokens else (None, None)
@@ -56,7 +65,7 @@ def forward_steps(
             x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, meta, kv)
         h = layer.post_attention_layernorm(x) if has_tokens else x
         if isinstance(layer.mlp, ExpertParallelMoE):
-            x = x + (yield from layer.mlp.steps(h))
+            x = x + (yield from layer.mlp.steps(h, peer_tokens))
         elif has_tokens:
             x = x + layer.mlp(h)
     if not has_tokens:
@@ -83,6 +92,8 @@ class OverlapRunner(ModelRunner):
     """A ModelRunner for an expert-parallel rank that runs each step in `mode` (see MODES)."""
 
     mode: str = "overlap"
+    comm_wait_s: float = 0.0
+    """Seconds blocked in the per-step all-gather of token counts (the layers count their own)."""
 
     @classmethod
     def replacing(cls, runner: ModelRunner, mode: str = "overlap") -> OverlapRunner:
@@ -95,22 +106,35 @@ class OverlapRunner(ModelRunner):
         return new
 
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
-        if self.mode == "single":
-            return super().run(batch)
-        halves = split_batch(batch)
+        parts = (batch,) if self.mode == "single" else split_batch(batch)
         with torch.inference_mode(), device_guard(self.device):
-            generators = [forward_steps(self.lm.model, *self._inputs(half), self.kv) for half in halves]
+            peer_tokens = self._peer_tokens([sum(part.num_new_tokens) for part in parts])
+            generators = [
+                forward_steps(self.lm.model, *self._inputs(part), self.kv, tokens)
+                for part, tokens in zip(parts, peer_tokens)
+            ]
             if self.mode == "overlap":
                 logits = interleave(generators)
             else:
                 logits = [run_to_end(g) for g in generators]
-        parts = [part for part in logits if part is not None]
-        return torch.cat(parts) if parts else torch.empty(0, self.lm.config.vocab_size)
+        found = [part for part in logits if part is not None]
+        return torch.cat(found) if found else torch.empty(0, self.lm.config.vocab_size)
 
     def idle(self) -> None:
-        if self.mode == "single":
-            return super().idle()
-        self.run(ScheduledBatch())  # two empty micro-batches: the same collectives as a busy rank
+        self.run(ScheduledBatch())  # empty micro-batches: the same collectives as a busy rank
+
+    def _peer_tokens(self, tokens: list[int]) -> list[list[int]]:
+        """[micro-batch][rank] tokens, from one all-gather: every rank learns how many rows each
+        other rank's dispatches can hold before any is posted (ExpertParallelMoE._capacities)."""
+        layers = expert_parallel_layers(self.lm)
+        group = layers[0][1].group if layers else None
+        mine = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+        every = mine.new_empty(dist.get_world_size(group) * len(tokens))
+        start = time.perf_counter()
+        dist.all_gather_single(every, mine, group=group)
+        gathered = every.view(-1, len(tokens)).t().tolist()
+        self.comm_wait_s += time.perf_counter() - start
+        return gathered
 
     def _inputs(self, half: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata | None]:
         if half.is_empty:

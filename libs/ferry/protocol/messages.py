@@ -375,6 +375,27 @@ class KvPrefetch:
     kv_namespace: str
     block_hashes: list[bytes]
     """Leading blocks of the prompt, in chain order; the worker skips those it holds."""
+    warm: bool = False
+    """A turn-end warm-up (`KvWarm`): no request waits for it yet, so the worker runs every request's
+    prefetch before it."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.block_hashes), "block_hashes", self.block_hashes, "must not be empty")
+
+
+@message("kv_warm")
+@dataclass(slots=True)
+class KvWarm:
+    """A conversation's turn ended: a decode worker wrote its output blocks back to the store, and tells
+    the prefill-balancers (`ferry.kv.warm`, queue group) the whole chain the next turn will start with,
+    so that one of them has it prefetched into the prefill worker likeliest to serve that turn (the one
+    holding the chain's head) during the user's think time."""
+
+    request_id: str
+    """The finished turn (logs only)."""
+    kv_namespace: str
+    block_hashes: list[bytes]
+    """Every full block of prompt + output, in chain order; the tail ones were just written to the store."""
 
     def __post_init__(self) -> None:
         _require(bool(self.block_hashes), "block_hashes", self.block_hashes, "must not be empty")

@@ -21,6 +21,8 @@ KV_EVENTS = "ferry.kv.events"
 KV_LOOKUP = "ferry.kv.lookup"
 KV_STATS = "ferry.kv.stats"
 KV_PREFETCH_ALL = "ferry.kv.prefetch.>"
+KV_WARM = "ferry.kv.warm"
+"""decode worker -> prefill-balancer (queue group KV_WARM_QUEUE): a finished turn's chain (`KvWarm`)."""
 KV_RESYNC = "ferry.kv.resync"
 """prefill-balancer -> prefill workers and kvcache, broadcast: republish what you hold (`KvResync`)."""
 FORECAST_ALL = "ferry.forecast.>"
@@ -32,6 +34,7 @@ WORK_ALL = "ferry.work.>"
 
 SUBMIT_QUEUE = "prefill-balancer"
 HANDOFF_QUEUE = "decode-balancer"
+KV_WARM_QUEUE = "prefill-balancer-warm"
 
 
 def _token(name: str, what: str) -> str:

@@ -2,15 +2,19 @@
 that turns both into batch caps, prefill chunk budgets and desired replicas. Pure: no NATS, no
 torch; imports only ferry.protocol (the TrafficForecast message)."""
 
-from ferry.slo.controller import ControllerLimits, Plan, SloController, SloTargets, TokenMix
+from ferry.slo.admission import QueuedPrompt, RunningDecode, on_time_order, tpot_slack_ms
+from ferry.slo.controller import Admission, ControllerLimits, Plan, SloController, SloTargets, TokenMix
 from ferry.slo.forecast import ForecastConfig, HoltWinters, TrafficForecaster, combine
 from ferry.slo.step_model import StepRecord, StepTimeModel
 
 __all__ = [
+    "Admission",
     "ControllerLimits",
     "ForecastConfig",
     "HoltWinters",
     "Plan",
+    "QueuedPrompt",
+    "RunningDecode",
     "SloController",
     "SloTargets",
     "StepRecord",
@@ -18,4 +22,6 @@ __all__ = [
     "TokenMix",
     "TrafficForecaster",
     "combine",
+    "on_time_order",
+    "tpot_slack_ms",
 ]

@@ -33,6 +33,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ferry.slo.admission import QueuedPrompt, RunningDecode, on_time_order, tpot_slack_ms
 from ferry.slo.step_model import StepRecord, StepTimeModel
 
 
@@ -73,6 +74,12 @@ class ControllerLimits:
     ttft_deadline_share: float = 0.5
     """Plan prefills to end by this share of the TTFT target: the rest is margin for the model's
     errors and for steps slower than the TPOT pace."""
+    on_time_share: float = 0.8
+    """admit(): a queued prompt counts as on time when its prefill is predicted to end within this
+    share of the TTFT target."""
+    slack_share: float = 0.5
+    """admit(): a step may use this share of the tightest running request's TPOT slack (prefill
+    keeps coming: the rest is for later steps)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_num_seqs <= self.max_num_seqs:
@@ -85,6 +92,9 @@ class ControllerLimits:
             raise ValueError(f"ControllerLimits.ttft_deadline_share={self.ttft_deadline_share}: must be in (0, 1]")
         if not self.max_itl_factor >= 1:
             raise ValueError(f"ControllerLimits.max_itl_factor={self.max_itl_factor}: must be >= 1")
+        for name in ("on_time_share", "slack_share"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"ControllerLimits.{name}={getattr(self, name)}: must be in (0, 1]")
         if not 0 < self.target_utilization <= 1:
             raise ValueError(f"ControllerLimits.target_utilization={self.target_utilization}: must be in (0, 1]")
 
@@ -116,6 +126,18 @@ class Plan:
     """False: not even min_num_seqs meets the TPOT target; the cap is min_num_seqs (the shortest
     decode step misses by least; falling back to the fixed cap measured worse, ops/bench/slo) and
     capacity_rps is 0."""
+
+
+@dataclass(slots=True, frozen=True)
+class Admission:
+    """SloController.admit's decision for the next step."""
+
+    order: list[QueuedPrompt]
+    """The waiting prompts in the order to admit them: on time first, then the late."""
+    num_late: int
+    """The last num_late of `order` cannot meet the TTFT target any more."""
+    chunk_tokens: int
+    """Prefill tokens the step may carry."""
 
 
 class SloController:
@@ -165,7 +187,7 @@ class SloController:
         def fits(tokens: int, bound: float) -> bool:
             return self._step_ms(num_seqs, tokens, num_context_tokens) <= bound
 
-        ceiling = _largest(lim.min_chunk_tokens, lim.max_chunk_tokens, lambda n: fits(n, self.targets.ttft_ms / 2))
+        ceiling = self._ceiling(num_decodes, num_context_tokens)
         if not num_decodes:
             return ceiling
         bound = self.targets.tpot_ms * lim.max_itl_factor
@@ -183,6 +205,52 @@ class SloController:
             if steps_left > 0:
                 needed = max(needed, math.ceil(total / steps_left))
         return needed
+
+    def admit(
+        self,
+        queue: Sequence[QueuedPrompt],
+        decodes: Sequence[RunningDecode],
+        num_context_tokens: int,
+        now_s: float,
+        head: Sequence[QueuedPrompt] = (),
+    ) -> Admission:
+        """SLO-aware admission for the next step (ferry.slo.admission): the waiting prompts that
+        can still meet the TTFT target first, the late ones behind them; and the chunk budget: the
+        prefill the tightest live decode's TPOT slack allows, raised to what the on-time prompts
+        need to meet their deadlines, within [min_chunk_tokens, the TTFT ceiling].
+        queue: waiting prompts; decodes: the running decodes over num_context_tokens of context;
+        head: prompts already admitted and mid-prefill (they go first, whatever this decides)."""
+        lim, num_decodes = self.limits, len(decodes)
+        if not self.model.is_ready:
+            return Admission(list(queue), 0, lim.fixed_chunk_tokens)
+        ceiling = self._ceiling(num_decodes, num_context_tokens)
+        decode_ms = self._step_ms(num_decodes, 0, num_context_tokens) if num_decodes else 0.0
+        per_token_ms = max(self._step_ms(num_decodes + 1, ceiling, num_context_tokens) - decode_ms, 0.0) / ceiling
+        deadline_s = self.targets.ttft_ms * lim.on_time_share / 1000.0
+        head_ms = sum(p.num_tokens for p in head) * per_token_ms
+        on_time, late = on_time_order(queue, now_s, deadline_s, lambda n: n * per_token_ms + decode_ms, head_ms)
+        slack = tpot_slack_ms(decodes, now_s, self.targets.tpot_ms, decode_ms)
+        if slack is None:
+            allowed = ceiling
+        else:
+            bound = decode_ms + lim.slack_share * slack
+            allowed = _largest(
+                lim.min_chunk_tokens,
+                ceiling,
+                lambda n: self._step_ms(num_decodes + 1, n, num_context_tokens) <= bound,
+            )
+        need = self.ttft_chunk([(p.arrival_s, p.num_tokens) for p in (*head, *on_time)], now_s)
+        chunk = min(max(allowed, need, lim.min_chunk_tokens), ceiling)
+        return Admission([*on_time, *late], len(late), chunk)
+
+    def _ceiling(self, num_decodes: int, num_context_tokens: int) -> int:
+        """The most prefill tokens a step may carry: it stays within half the TTFT target."""
+        lim, bound = self.limits, self.targets.ttft_ms / 2
+        return _largest(
+            lim.min_chunk_tokens,
+            lim.max_chunk_tokens,
+            lambda n: self._step_ms(num_decodes + 1, n, num_context_tokens) <= bound,
+        )
 
     # ---- prefill ---------------------------------------------------------------------------------
     def prefill_plan(self, mix: TokenMix) -> Plan:

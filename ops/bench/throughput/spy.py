@@ -23,15 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "compare")]
+import psutil
 
-import burst  # noqa: E402
-import psutil  # noqa: E402
-import servers  # noqa: E402
-
-from ferry.bench.http_client import CompletionCall  # noqa: E402
-from ferry.bench.online import OnlineConfig, detect_model, ids_to_text, run_phase  # noqa: E402
+from ferry.bench.compare import servers
+from ferry.bench.http_client import CompletionCall
+from ferry.bench.online import OnlineConfig, detect_model, ids_to_text, run_phase
+from ferry.bench.throughput import burst
 
 STATUS = re.compile(r"^\s+(\S+)\s+pid (\d+)\s")
 RATE_HZ = 200

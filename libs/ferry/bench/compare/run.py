@@ -74,9 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    chosen = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if set(chosen) - set(ratios.SYSTEMS) or not chosen:
-        raise SystemExit(f"--systems: choose from {ratios.SYSTEMS}")
+    chosen = servers.parse_systems(args.systems, ratios.SYSTEMS)
     if args.rate is not None and not args.rate > 0:
         raise SystemExit(f"--rate {args.rate}: must be > 0")
     if args.rate_base is None:

@@ -54,22 +54,24 @@ def spawn(name: str, argv: list[str], base_url: str, run_dir: Path, env: dict[st
     return ServerProcess(name, base_url, process, log_path)
 
 
+def parse_systems(text: str, allowed: tuple[str, ...]) -> list[str]:
+    """A `--systems a,b` option: the names in order, each one of `allowed`, at least one."""
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    if not chosen or set(chosen) - set(allowed):
+        raise SystemExit(f"--systems: choose from {allowed}")
+    return chosen
+
+
+def ferry_up_argv(model: str | Path, port: int, run_dir: Path, *extra_args: str) -> list[str]:
+    """The `ferry up` command line every harness and system test starts: this interpreter's ferry."""
+    argv = [sys.executable, "-m", "ferry.cli", "up", "--model", str(model), "--port", str(port)]
+    return [*argv, "--run-dir", str(run_dir), *extra_args]
+
+
 def start_ferry_up(model_dir: Path, run_dir: Path, extra_args: list[str]) -> ServerProcess:
     """`ferry up` on a free port: its own nats-server, redis-server, balancers, workers, gateway."""
     port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "ferry.cli",
-        "up",
-        "--model",
-        str(model_dir),
-        "--port",
-        str(port),
-        "--run-dir",
-        str(run_dir / "ferry-up-run"),
-        *extra_args,
-    ]
+    argv = ferry_up_argv(model_dir, port, run_dir / "ferry-up-run", *extra_args)
     return spawn("ferry-up", argv, f"http://127.0.0.1:{port}", run_dir)
 
 
@@ -94,17 +96,6 @@ def start_hf_serve(model_dir: Path, run_dir: Path, extra_args: list[str]) -> Ser
     ]
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return spawn("hf-serve", argv, f"http://127.0.0.1:{port}", run_dir, env)
-
-
-def start_llamacpp(python: str, gguf: Path, run_dir: Path, threads: int) -> ServerProcess:
-    """llama-cpp-python's OpenAI server (`python -m llama_cpp.server`, from its own venv: `python`) on
-    the GGUF file, with `threads` threads; `--interrupt_requests False` so a new request waits for the
-    running one instead of cancelling it (the server runs one completion at a time)."""
-    port = free_port()
-    argv = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--n_ctx", "4096", "--n_threads", str(threads), "--n_threads_batch", str(threads)]
-    argv += ["--interrupt_requests", "False"]
-    return spawn("llamacpp", argv, f"http://127.0.0.1:{port}", run_dir)
 
 
 def wait_ready(

@@ -42,14 +42,18 @@ def main() -> None:
     for r in requests:
         engine.add_request(str(r.index), r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.0))
     first: dict[str, float] = {}
-    num_out = 0
+    outputs = {str(r.index): 0 for r in requests}
     while engine.has_unfinished_requests():
         for out in engine.step():
             first.setdefault(out.request_id, time.perf_counter() - start)
-            num_out += len(out.new_token_ids)
+            outputs[out.request_id] += len(out.new_token_ids)
     wall = time.perf_counter() - start
     num_in = sum(len(r.prompt_token_ids) for r in requests)
-    row = burst.figures(wall, num_out, num_in, list(first.values()), model_flops_per_token(engine.lm))
+    attention = burst.attention_flops(
+        engine.lm.config, [(len(r.prompt_token_ids), outputs[str(r.index)]) for r in requests]
+    )
+    num_out = sum(outputs.values())
+    row = burst.figures(wall, num_out, num_in, list(first.values()), model_flops_per_token(engine.lm), attention)
     row["threads"] = torch.get_num_threads()
     row["mean_batch_size"] = engine.stats().mean_batch_size
     print(json.dumps(row))

