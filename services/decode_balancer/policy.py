@@ -3,7 +3,8 @@
 DeepSeek balances decode workers by KV-cache usage and request count. A worker qualifies when it
 is under its batch cap (`max_running`, counting sequences routed since its last report) and has
 free KV blocks for the sequence's cache plus the next token; among those, the one with the
-lowest KV usage + batch fill after taking the sequence wins.
+lowest KV usage + batch fill after taking the sequence wins. A worker group is weighed per rank
+(`ferry.balancing.ranks`): it qualifies when one of its ranks does, and scores as its best rank.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ferry.balancing.ranks import RankView, rank_views
 from ferry.balancing.view import WorkerState
 
 
@@ -48,14 +50,28 @@ def blocks_needed(num_kv_tokens: int, block_size: int) -> int:
 
 
 def decode_score(state: WorkerState, num_blocks: int, config: DecodePolicyConfig) -> float:
+    """KV usage and batch fill once the sequence is there; for a worker group, of the rank it would
+    land on (the best one it fits: attention is data-parallel, each rank its own KV and batch)."""
+    ranks = [r for r in rank_views(state) if r.fits(num_blocks)]
+    if ranks:
+        return min(
+            _score(r.kv_blocks_used, r.kv_blocks_total, r.num_seqs, r.max_running, num_blocks, config) for r in ranks
+        )
     report = state.report
-    kv_usage = (state.kv_blocks_used + num_blocks) / max(report.kv_blocks_total, 1)
-    fill = (state.num_seqs + 1) / max(report.max_running, 1)
+    return _score(state.kv_blocks_used, report.kv_blocks_total, state.num_seqs, report.max_running, num_blocks, config)
+
+
+def _score(kv_used: float, kv_total: int, num_seqs: float, max_running: int, num_blocks: int, config) -> float:
+    kv_usage = (kv_used + num_blocks) / max(kv_total, 1)
+    fill = (num_seqs + 1) / max(max_running, 1)
     return config.kv_weight * kv_usage + config.seqs_weight * fill
 
 
 def fits(state: WorkerState, num_blocks: int) -> bool:
-    """Under the batch cap and enough free KV blocks."""
+    """Under the batch cap and enough free KV blocks: a worker group's, on one of its ranks."""
+    ranks: list[RankView] = rank_views(state)
+    if ranks:
+        return any(r.fits(num_blocks) for r in ranks)
     return state.num_seqs < state.report.max_running and state.kv_blocks_free >= num_blocks
 
 

@@ -5,7 +5,8 @@ DeepSeek balances prefill workers by the tokens and the core-attention compute q
 A prompt of `n` tokens of which `c` are already cached costs `n - c` tokens of linear work
 (projections, MLP) and about (n² - c²)/2 query-key pairs of causal attention; the policy sends the
 request to the worker whose queued work *plus this request's cost there* is smallest, so a worker
-that holds the prompt's prefix (smaller cost) wins over an equally loaded one without it.
+that holds the prompt's prefix (smaller cost) wins over an equally loaded one without it. A worker
+group is weighed per rank, as the seed does: see `group_score`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ferry.balancing.ranks import rank_views
 from ferry.balancing.view import WorkerState
 
 
@@ -86,6 +88,19 @@ def queued_tokens(state: WorkerState, mean_prompt_tokens: float = 0.0) -> float:
     return state.queued_prefill_tokens + backlog_tokens(state, mean_prompt_tokens)
 
 
+def group_score(state: WorkerState, config: PrefillPolicyConfig, cost: PrefillCost, mean_prompt_tokens: float) -> float:
+    """A worker group's prefill work, per rank (`ferry.balancing.ranks`): tokens + core attention
+    queued on each, exact from its report. The prompt lands on one rank (the least loaded one, at
+    best); the ranks step in lockstep, so it is done no sooner than the busiest rank's queue."""
+    ranks = rank_views(state)
+    backlog = backlog_tokens(state, mean_prompt_tokens) / len(ranks)  # not pulled yet: no rank has it
+    loads = [
+        r.queued_tokens + backlog + config.attention_weight * (r.queued_attention + backlog * mean_prompt_tokens / 2)
+        for r in ranks
+    ]
+    return max(min(loads) + cost.tokens + config.attention_weight * cost.attention, max(loads))
+
+
 def queued_load(state: WorkerState, config: PrefillPolicyConfig, mean_prompt_tokens: float = 0.0) -> float:
     """A worker's queued prefill work in token-equivalents."""
     # Reports carry queued tokens, not attention pairs: prompts of mean length m hold about
@@ -115,7 +130,12 @@ def choose_prefill_worker(
             continue  # full; an idle worker always qualifies, however long the prompt
         cached = cached_tokens.get(state.worker_id, 0)
         cost = prefill_cost(num_tokens, cached)
-        score = queued_load(state, config, mean_prompt_tokens) + cost.tokens + config.attention_weight * cost.attention
+        if state.report.ranks:
+            score = group_score(state, config, cost, mean_prompt_tokens)
+        else:
+            score = (
+                queued_load(state, config, mean_prompt_tokens) + cost.tokens + config.attention_weight * cost.attention
+            )
         if best is None or score < best[0]:
             best = (score, state, cost, cached)
     if best is None:

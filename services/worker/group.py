@@ -7,9 +7,10 @@ reports carry one `RankLoad` per rank.
 
 A rank that dies fails the group at once: the ranks left are killed, every request held is given
 back to its gateway (`worker_lost`, retryable: the gateway resubmits prompt + tokens so far, so its
-client sees one stream) and its message acked (no stale copy runs when the group comes back), and
-the process exits with GROUP_FAILED_EXIT without another load report: to the balancers and gateways
-the worker is lost. An orchestrator restarts it; the restarted group serves again.
+client sees one stream) and its message acked (no stale copy runs when the group comes back), after
+one last load report saying it drains (so the balancers route none of the resubmissions back here),
+and the process exits with GROUP_FAILED_EXIT: to the balancers and gateways the worker is lost.
+An orchestrator restarts it; the restarted group serves again.
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ async def fail_group(worker: Any, reason: str) -> None:
 
 
 async def _give_back(worker: Any, held: list, reason: str) -> None:
+    worker.ledger.draining = True  # a last report first: the balancers route no resubmission here
+    await worker.publish_report()
+    await worker.nc.flush()
     for h in held:
         await worker.publish_error(h.request, "worker_lost", f"{worker.worker_id}: {reason}", retryable=True)
         if h.handle is not None:
