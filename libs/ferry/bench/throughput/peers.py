@@ -47,8 +47,8 @@ def start_vllm(python: str, folder: Path, run_dir: Path, threads: int, kv_gib: i
     AVX512-BF16 vLLM's bf16 path falls back to slow kernels), `kv_gib` GiB of KV cache, its OpenMP
     threads bound to `threads` cores with none reserved (vLLM reserves one by default: half of a
     2-core machine), offline. `--enforce-eager`: on this AVX2-only CPU the torch.compile'd model
-    (vLLM 0.32 CPU's default) answered SmolLM2's chat prompts wrongly (France's capital as
-    "L'Étoile, la Marseillaise, ..."; eager and transformers both say Paris)."""
+    (vLLM 0.32 CPU's default) gave a different greedy answer to SmolLM2's "capital of France" chat prompt
+    ("L'Étoile, la Marseillaise, ...", as llama.cpp's Q4_1 kernels do; eager and transformers say Paris)."""
     port = servers.free_port()
     vllm = str(Path(python).parent / "vllm")
     argv = [vllm, "serve", str(folder), "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096"]
