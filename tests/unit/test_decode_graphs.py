@@ -68,3 +68,20 @@ def test_warmup_prepares_every_bucket_and_pure_decode_steps_use_them(lm):
                 tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
         outputs[graphs] = tokens
     assert outputs[True] == outputs[False]
+
+
+def test_every_tensor_a_graph_reads_is_owned_by_the_graphs(lm):
+    """A captured graph keeps reading the addresses it was captured with: an input made as a temporary
+    for the capture is freed after it and its memory reused (found on an H200: replays indexed out of
+    bounds through logits_indices). Every tensor in the step inputs must be a view of a buffer that
+    DecodeGraphs keeps for its whole life."""
+    kv = lm.model.make_kv_cache(8, BS)
+    graphs = DecodeGraphs(lm.model, kv, pad_block=7, max_num_seqs=6, max_blocks_per_seq=4, capture=False)
+    owned = {graphs._device.untyped_storage().data_ptr(), graphs._arange.untyped_storage().data_ptr()}
+    for bucket in graphs.buckets:
+        ids, positions, meta = graphs._inputs(bucket)
+        tensors = {"input_ids": ids, "positions": positions}
+        tensors |= {name: value for name in meta.__slots__ if isinstance(value := getattr(meta, name), torch.Tensor)}
+        assert len(tensors) >= 8
+        for name, tensor in tensors.items():
+            assert tensor.untyped_storage().data_ptr() in owned, f"bucket {bucket}: {name} is a temporary"

@@ -45,6 +45,9 @@ class DecodeGraphs:
         if device.type == "cuda":
             self._host = self._host.pin_memory()
         self._device = torch.zeros_like(self._host, device=device)
+        # Every tensor a captured graph reads must outlive the capture: a temporary made for it would be
+        # freed afterwards and its memory reused, and the replay would read whatever lands there.
+        self._arange = torch.arange(most + 1, device=device)
         self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # bucket: (CUDAGraph or None, its logits)
         self._context_lens: tuple[int, ...] = ()
         self._pool: Any = None  # the graphs share one memory pool
@@ -101,14 +104,14 @@ class DecodeGraphs:
         most, buf = self.buckets[-1], self._device
         ids, positions, slots, seq_lens = (buf[p * most : p * most + bucket] for p in range(4))
         tables = buf[4 * most : 4 * most + bucket * self.width].view(bucket, self.width)
-        rows = torch.arange(bucket, device=buf.device)
+        rows = self._arange[:bucket]
         meta = AttentionMetadata(
             query_lens=(1,) * bucket,
             context_lens=self._context_lens,  # baked into a captured graph, where nothing reads them
             query_starts=tuple(range(bucket + 1)),
             prefill_rows=(),
             block_size=self.block_size,
-            query_start_loc=torch.arange(bucket + 1, device=buf.device),
+            query_start_loc=self._arange[: bucket + 1],
             seq_lens=seq_lens,
             slot_mapping=slots,
             block_tables=tables,
