@@ -3,13 +3,15 @@
 DeepSeek balances decode workers by KV-cache usage and request count. A worker qualifies when it
 is under its batch cap (`max_running`, counting sequences routed since its last report) and has
 free KV blocks for the sequence's cache plus the next token; among those, the one with the
-lowest KV usage + batch fill after taking the sequence wins. A worker group is weighed per rank
+lowest KV usage + batch fill after taking the sequence, less its session-affinity credit, wins
+(`affinity_weight` x the share of the sequence's KV chain the worker already holds from an earlier
+turn: a preference that load outweighs, not a pin). A worker group is weighed per rank
 (`ferry.balancing.ranks`): it qualifies when one of its ranks does, and scores as its best rank.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ferry.balancing.ranks import RankView, rank_views
@@ -22,9 +24,16 @@ class DecodePolicyConfig:
     """Weight of KV-cache usage (0..1) in the score."""
     seqs_weight: float = 1.0
     """Weight of batch fill (running / max_running, 0..1) in the score."""
+    affinity_weight: float = 0.5
+    """Score credit of a worker that holds the whole of the sequence's KV chain (an earlier turn of the
+    conversation decoded there), in proportion to the share it holds. The load part of a score runs
+    0..kv_weight + seqs_weight (2 by default): 0.5 keeps a conversation on its worker until that worker
+    is about a quarter fuller than another, then load wins. 0 = no affinity."""
     retry_after_s: float = 0.5
 
     def __post_init__(self) -> None:
+        if self.affinity_weight < 0:
+            raise ValueError(f"affinity_weight={self.affinity_weight!r} must be >= 0")
         if self.kv_weight < 0 or self.seqs_weight < 0 or self.kv_weight + self.seqs_weight == 0:
             raise ValueError(
                 f"kv_weight={self.kv_weight!r}, seqs_weight={self.seqs_weight!r}: must be >= 0 and not both 0"
@@ -75,10 +84,21 @@ def fits(state: WorkerState, num_blocks: int) -> bool:
     return state.num_seqs < state.report.max_running and state.kv_blocks_free >= num_blocks
 
 
+def affinity_credit(share: float, config: DecodePolicyConfig) -> float:
+    """What holding `share` (0..1) of the sequence's chain takes off a worker's score."""
+    return config.affinity_weight * min(max(share, 0.0), 1.0)
+
+
 def choose_decode_worker(
-    workers: Sequence[WorkerState], num_kv_tokens: int, config: DecodePolicyConfig
+    workers: Sequence[WorkerState],
+    num_kv_tokens: int,
+    config: DecodePolicyConfig,
+    affinity: Mapping[str, float] | None = None,
 ) -> DecodeChoice:
-    """Pick the least loaded worker that can take the sequence now, or say why none can."""
+    """Pick the least loaded worker that can take the sequence now, or say why none can.
+
+    `affinity`: per worker id, the share (0..1) of the sequence's KV chain it holds (session affinity)."""
+    affinity = affinity or {}
     if not workers:
         return DecodeChoice(None, "no_workers", retry_after_s=config.retry_after_s)
     best: tuple[float, WorkerState, int] | None = None
@@ -86,7 +106,7 @@ def choose_decode_worker(
         num_blocks = blocks_needed(num_kv_tokens, state.report.block_size)
         if not fits(state, num_blocks):
             continue
-        score = decode_score(state, num_blocks, config)
+        score = decode_score(state, num_blocks, config) - affinity_credit(affinity.get(state.worker_id, 0.0), config)
         if best is None or score < best[0]:
             best = (score, state, num_blocks)
     if best is None:

@@ -35,6 +35,8 @@ async def write_back(worker: Any, sequence_id: str, request: GenerateRequest, sk
     except KvStoreError as exc:
         log.info("KV of %s not written back: %s", request.request_id, exc)
         return 0
-    # the next turn starts with this chain: a prefill-balancer has it prefetched where that turn will go
-    await worker.nc.publish(subjects.KV_WARM, encode(KvWarm(request.request_id, worker.namespace, chain)))
+    # the next turn starts with this chain: a prefill-balancer has it prefetched where that turn will go,
+    # the decode-balancers credit this worker (it holds the chain) for decoding it
+    warm = KvWarm(request.request_id, worker.namespace, chain, worker_id=worker.worker_id)
+    await worker.nc.publish(subjects.KV_WARM, encode(warm))
     return max(0, len(chain) - skip - start)

@@ -1,10 +1,16 @@
-"""Decode routing: KV usage and batch fill, the batch cap, free blocks."""
+"""Decode routing: KV usage and batch fill, the batch cap, free blocks, session affinity."""
 
 import pytest
 from test_balancing_view import report
 
 from ferry.balancing.view import WorkerView
-from ferry_services.decode_balancer.policy import DecodePolicyConfig, blocks_needed, choose_decode_worker
+from ferry_services.decode_balancer.affinity import SessionAffinity
+from ferry_services.decode_balancer.policy import (
+    DecodePolicyConfig,
+    affinity_credit,
+    blocks_needed,
+    choose_decode_worker,
+)
 
 pytestmark = pytest.mark.unit
 CONFIG = DecodePolicyConfig()
@@ -72,3 +78,65 @@ def test_no_workers_and_overloaded():
 def test_config_rejects_zero_weights():
     with pytest.raises(ValueError, match="kv_weight"):
         DecodePolicyConfig(kv_weight=0, seqs_weight=0)
+
+
+def test_the_worker_holding_the_conversation_wins_at_equal_load():
+    view = view_of(a=dict(kv_blocks_used=20, num_running=2), b=dict(kv_blocks_used=20, num_running=2))
+    assert choose_decode_worker(view.routable(0.0), 40, CONFIG).worker_id == "a"  # the tie goes to the first
+    assert choose_decode_worker(view.routable(0.0), 40, CONFIG, {"b": 1.0}).worker_id == "b"
+    assert choose_decode_worker(view.routable(0.0), 40, CONFIG, {"a": 0.2, "b": 0.9}).worker_id == "b"
+
+
+def test_load_outweighs_affinity():
+    # b holds the whole chain (credit 0.5); each running sequence more is 1/8 of batch fill
+    for b_running, winner in [(0, "b"), (3, "b"), (5, "a"), (8, "a")]:
+        view = view_of(a=dict(num_running=0), b=dict(num_running=b_running))
+        choice = choose_decode_worker(view.routable(0.0), 40, CONFIG, {"b": 1.0})
+        assert choice.worker_id == winner, b_running
+    # so does KV usage: b's pool 60% fuller
+    view = view_of(a=dict(kv_blocks_used=0), b=dict(kv_blocks_used=60))
+    assert choose_decode_worker(view.routable(0.0), 40, CONFIG, {"b": 1.0}).worker_id == "a"
+
+
+def test_affinity_never_admits_a_full_worker():
+    view = view_of(a=dict(num_running=7), b=dict(num_running=8))
+    assert choose_decode_worker(view.routable(0.0), 40, CONFIG, {"b": 1.0}).worker_id == "a"
+    view = view_of(b=dict(num_running=8))
+    assert choose_decode_worker(view.routable(0.0), 40, CONFIG, {"b": 1.0}).reason == "overloaded"
+
+
+def test_affinity_credit_is_the_weighted_share_and_can_be_off():
+    assert affinity_credit(1.0, CONFIG) == 0.5
+    assert affinity_credit(0.5, DecodePolicyConfig(affinity_weight=2.0)) == 1.0
+    assert affinity_credit(3.0, CONFIG) == 0.5  # a share is at most 1
+    off = DecodePolicyConfig(affinity_weight=0.0)
+    view = view_of(a=dict(), b=dict())
+    assert choose_decode_worker(view.routable(0.0), 40, off, {"b": 1.0}).worker_id == "a"
+    with pytest.raises(ValueError, match="affinity_weight"):
+        DecodePolicyConfig(affinity_weight=-0.1)
+
+
+def test_session_affinity_credits_the_leading_blocks_each_worker_holds():
+    affinity = SessionAffinity()
+    system, turn_1, answer_1 = [b"s0", b"s1"], [b"u0", b"u1"], [b"o0", b"o1"]
+    affinity.note("a", system + [b"x0"])  # another conversation, same system prompt
+    affinity.note("b", system + turn_1)  # turn 1 routed to b
+    affinity.note("b", system + turn_1 + answer_1)  # its KvWarm: the whole chain
+    turn_2 = system + turn_1 + answer_1 + [b"u2", b"u3"]
+    assert affinity.leading("a", turn_2) == 2
+    assert affinity.leading("b", turn_2) == 6
+    assert affinity.shares(["a", "b", "c"], turn_2) == {"a": 0.25, "b": 0.75}
+    assert affinity.shares(["a", "b"], []) == {}
+    affinity.forget("b")  # restarted: its pool is empty
+    assert affinity.shares(["a", "b"], turn_2) == {"a": 0.25}
+
+
+def test_session_affinity_is_bounded_oldest_first():
+    affinity = SessionAffinity(max_blocks_per_worker=3, max_workers=2)
+    affinity.note("a", [b"0", b"1", b"2"])
+    affinity.note("a", [b"0", b"3"])  # b"0" touched again: b"1" is now the oldest
+    assert affinity.leading("a", [b"0", b"2", b"3"]) == 3
+    assert affinity.leading("a", [b"1"]) == 0
+    affinity.note("b", [b"0"])
+    affinity.note("c", [b"0"])  # a, the least recently noted worker, goes
+    assert affinity.shares(["a", "b", "c"], [b"0"]) == {"b": 1.0, "c": 1.0}

@@ -387,15 +387,19 @@ class KvPrefetch:
 @dataclass(slots=True)
 class KvWarm:
     """A conversation's turn ended: a decode worker wrote its output blocks back to the store, and tells
-    the prefill-balancers (`ferry.kv.warm`, queue group) the whole chain the next turn will start with,
-    so that one of them has it prefetched into the prefill worker likeliest to serve that turn (the one
-    holding the chain's head) during the user's think time."""
+    the prefill-balancers (`ferry.kv.warm`, queue group) the whole chain the next turn will start with, so
+    that one of them has it prefetched into the prefill worker likeliest to serve that turn (the one
+    holding the chain's head) during the user's think time; every decode-balancer hears it too, and
+    credits the worker that holds the chain (session affinity)."""
 
     request_id: str
     """The finished turn (logs only)."""
     kv_namespace: str
     block_hashes: list[bytes]
     """Every full block of prompt + output, in chain order; the tail ones were just written to the store."""
+    worker_id: str = ""
+    """The worker that served the turn and holds the chain in its pool: decode-balancers route the next
+    turn there (session affinity), other things equal."""
 
     def __post_init__(self) -> None:
         _require(bool(self.block_hashes), "block_hashes", self.block_hashes, "must not be empty")
