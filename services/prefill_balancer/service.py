@@ -4,7 +4,10 @@ Reads `ferry.submit` (request/reply, queue group `prefill-balancer`: replicas sh
 `ferry.load.prefill.*` and `ferry.kv.events`; writes `ferry.work.prefill.<worker>` (JetStream
 FERRY_WORK) and, just before, `ferry.kv.prefetch.<worker>` (`KvPrefetch` of the prompt's blocks only
 the store holds, FERRY_KV_PREFETCH). On start it asks (`ferry.kv.resync`) the prefill workers and the
-kvcache service to republish what they hold, so a restarted replica rebuilds its index at once.
+kvcache service to republish what they hold, so a restarted replica rebuilds its index at once. When a
+prefill worker restarts (its 'cleared' event: pool and host tier gone), the chains of the latest turn-end
+warm-ups (recent_chains.py) are warmed up again as soon as it reports, so conversations in their think time
+still find their history local.
 Replies `SubmitReply`: accepted with the worker id, or rejected with 'overloaded' (+ retry_after_s)
 or 'no_workers'. Queued work of a prefill worker that falls silent is moved to
 live workers. Every input is counted in `nats micro stats prefill-balancer`: `submit`, `load`,
@@ -13,6 +16,7 @@ live workers. Every input is counted in `nats micro stats prefill-balancer`: `su
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -39,9 +43,13 @@ from ferry_services.prefill_balancer.policy import (
     next_mean_prompt_tokens,
 )
 from ferry_services.prefill_balancer.prefix_index import STORE, PrefixIndex, PrefixIndexConfig
+from ferry_services.prefill_balancer.recent_chains import RecentChains
 from ferry_services.prefill_balancer.settings import PrefillBalancerSettings
 
 log = logging.getLogger(__name__)
+
+REWARM_WAIT_S = 60.0
+"""Most a re-warm waits for a restarted worker's first load report (its engine may take a while to load)."""
 
 
 class PrefillBalancer(Balancer[PrefillWork]):
@@ -71,6 +79,10 @@ class PrefillBalancer(Balancer[PrefillWork]):
         self.service.subscribe(subjects.KV_EVENTS, KvEvent, self.on_kv_event, name="kv_events")
         self.service.subscribe(subjects.KV_WARM, KvWarm, self.on_warm, queue=subjects.KV_WARM_QUEUE, name="kv_warm")
         self.num_warmups = 0
+        self.recent_chains = RecentChains()
+        self.num_rewarmed = 0
+        """Warm-ups replayed into restarted workers."""
+        self._rewarms: dict[str, asyncio.Task] = {}
 
     async def on_serving(self) -> None:
         """Ask every prefill worker and the kvcache service to republish what they hold: a
@@ -80,6 +92,39 @@ class PrefillBalancer(Balancer[PrefillWork]):
     async def on_kv_event(self, event: KvEvent) -> None:
         """A pool's or the store's blocks changed (bad events are counted and logged by the service)."""
         self.prefixes.apply(event.kind, event.kv_namespace, event.where, event.block_hashes, event.tier)
+        if event.kind == "cleared" and event.where != STORE and event.tier == "device" and self.settings.kv_prefetch:
+            # a worker (re)started: what its host tier held for conversations in their think time is gone
+            running = self._rewarms.pop(event.where, None)
+            if running is not None:
+                running.cancel()
+            self._rewarms[event.where] = asyncio.create_task(self.rewarm(event.where, event.kv_namespace))
+
+    async def rewarm(self, worker_id: str, namespace: str) -> None:
+        """Once the restarted worker reports (it is routable again), replay the recent warm-ups of its
+        namespace, oldest first (its bounded warm-up queue keeps the newest): each goes where the next
+        turn would be routed now, which skips chains warm elsewhere."""
+        try:
+            cleared_at = time.monotonic()
+            deadline = cleared_at + REWARM_WAIT_S
+            while not self._reported_since(worker_id, cleared_at):
+                if time.monotonic() > deadline:
+                    return
+                await asyncio.sleep(0.05)
+            for request_id, chain in self.recent_chains.of(namespace):
+                self.num_rewarmed += await self.warm_chain(request_id, namespace, chain)
+        finally:
+            if self._rewarms.get(worker_id) is asyncio.current_task():
+                del self._rewarms[worker_id]
+
+    def _reported_since(self, worker_id: str, since: float) -> bool:
+        state = self.runtime.view.workers.get(worker_id)
+        return state is not None and state.received_at >= since and not state.report.draining
+
+    async def stop(self) -> None:
+        for task in self._rewarms.values():
+            task.cancel()
+        await asyncio.gather(*self._rewarms.values(), return_exceptions=True)
+        await super().stop()
 
     async def on_warm(self, warm: KvWarm) -> None:
         """A turn ended and its blocks are in the store: have them fetched, while the user thinks, into
@@ -87,25 +132,30 @@ class PrefillBalancer(Balancer[PrefillWork]):
         affinity through the prefix index: the one holding the chain's head, unless it is too busy)."""
         if not self.settings.kv_prefetch:
             return
-        namespace = warm.kv_namespace
+        self.prefixes.apply("stored", warm.kv_namespace, STORE, warm.block_hashes)  # before the store's own events
+        self.recent_chains.add(warm.request_id, warm.kv_namespace, warm.block_hashes)
+        await self.warm_chain(warm.request_id, warm.kv_namespace, warm.block_hashes)
+
+    async def warm_chain(self, request_id: str, namespace: str, chain: list[bytes]) -> int:
+        """Have the worker the chain's next turn would be routed to now fetch the blocks of it it lacks;
+        1 when a warm-up was sent, else 0."""
         states = [s for s in self.runtime.view.routable(time.monotonic()) if s.report.kv_namespace == namespace]
         if not states:
-            return
+            return 0
         block_size = states[0].report.block_size
-        self.prefixes.apply("stored", namespace, STORE, warm.block_hashes)  # before the store's own events
-        cached = self.prefixes.cached_tokens({s.worker_id: namespace for s in states}, warm.block_hashes, block_size)
-        num_tokens = len(warm.block_hashes) * block_size
-        choice = choose_prefill_worker(states, num_tokens, self.config, cached, self.mean_prompt_tokens)
+        cached = self.prefixes.cached_tokens({s.worker_id: namespace for s in states}, chain, block_size)
+        choice = choose_prefill_worker(states, len(chain) * block_size, self.config, cached, self.mean_prompt_tokens)
         if choice.worker_id is None:
-            return
-        missing = self.prefixes.not_held(namespace, choice.worker_id, warm.block_hashes)
+            return 0
+        missing = self.prefixes.not_held(namespace, choice.worker_id, chain)
         if not missing:
-            return
+            return 0
         missing = missing[: self.settings.max_prefetch_blocks]
         self.prefixes.apply("stored", namespace, choice.worker_id, missing, tier="host")  # there in a moment
         self.num_warmups += 1
-        prefetch = KvPrefetch(f"warm-{warm.request_id}", namespace, missing, warm=True)
+        prefetch = KvPrefetch(f"warm-{request_id}", namespace, missing, warm=True)
         await self.nc.publish(subjects.kv_prefetch(choice.worker_id), encode(prefetch))
+        return 1
 
     def choose(self, token_ids: list[int], model: str) -> tuple[PrefillChoice, KvPrefetch | None]:
         """Where the prompt goes, and what to prefetch there (blocks only the store holds)."""

@@ -113,3 +113,38 @@ async def test_a_both_roles_worker_writes_the_whole_conversation_back(system, cl
     chain = hash_full_blocks((TURN_1 + output_1)[:-1], 16)
     assert both.num_written_back_blocks == len(chain)  # nothing of it was in the store before
     assert await both.store.lookup(chain) == len(chain)
+
+
+async def test_after_every_worker_restarts_the_conversation_is_warmed_up_again(system, client, tiny_model):
+    """Host tiers and pools gone, Redis still holding the blocks: the prefill-balancer replays the latest
+    warm-ups into the restarted prefill worker once it reports, before the next turn is sent."""
+    output_1 = await serve(client, "turn-1", TURN_1, LONG)
+    history = TURN_1 + output_1
+    chain = hash_full_blocks(history[:-1], 16)
+    written = chain[len(TURN_1) // 16 :]
+    await wait_until(
+        lambda: system.workers["prefill-t"].prefetcher.stats.num_fetched_blocks == len(written), "turn 1 warmed up"
+    )
+    for worker_id in ("prefill-t", "decode-t"):
+        await system.stop_worker(worker_id)
+    decode_worker = await system.start_worker("decode", "decode-t")
+    prefill = await system.start_worker("prefill", "prefill-t")
+    # nothing of the conversation is in the new pool or host tier: the whole chain is fetched again
+    await wait_until(
+        lambda: prefill.prefetcher.stats.num_fetched_blocks == len(chain),
+        "the restarted prefill worker warmed up with the whole history",
+    )
+    assert prefill.prefetcher.stats.num_warm == 1
+    turn_2 = history + USER_2
+    assert _only_in_store(system, prefill, turn_2) == []
+    assert await serve(client, "turn-2", turn_2) == expected_tokens(tiny_model, turn_2)
+    tiers = prefill.prefix_blocks_by_tier
+    assert (tiers["device"], tiers["host"], tiers["remote"]) == (0, len(chain), 0)
+    # and the turn after that is warmed up as before, by the restarted decode worker's write-back
+    output_2 = client.tokens["turn-2"]
+    await wait_until(lambda: decode_worker.num_written_back_blocks, "turn 2 written back")
+    chain_2 = hash_full_blocks((turn_2 + output_2)[:-1], 16)
+    await wait_until(
+        lambda: prefill.prefetcher.stats.num_warm == 2 and prefill.engine.num_cached_blocks(chain_2) == len(chain_2),
+        "turn 2's chain is local to the prefill worker",
+    )
