@@ -21,7 +21,7 @@ running_decodes, decode_load and last_step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ferry.slo import (
     ControllerLimits,
@@ -113,7 +113,8 @@ class AdaptiveLimits:
         """(plan, chunk budget, late prompts) of a decoding role; reorders the queue with admission."""
         waiting, head, running = engine.prompts(), engine.prompts(waiting=False), engine.running_decodes()
         self._track_first_tokens(running, now_s)
-        plan = self.plan = self.controller.decode_plan(self.mix_now(waiting, head, running), self.role == "both")
+        mix = self.mix_now(waiting, head, running)
+        plan = self.plan = self.controller.decode_plan(mix, self.role == "both", self.forecast_rps)
         num_decoding, num_context = engine.decode_load()
         if not self.admission:
             return plan, self.controller.chunk_budget(num_decoding, num_context, engine.prefill_backlog(), now_s), 0
@@ -123,9 +124,11 @@ class AdaptiveLimits:
         ]
         queue = [QueuedPrompt(rid, arrival, tokens) for rid, arrival, tokens, _ in waiting]
         head_prompts = [QueuedPrompt(rid, arrival, tokens) for rid, arrival, tokens, _ in head]
-        decision = self.controller.admit(queue, decodes, num_context, now_s, head_prompts)
+        decision = self.controller.admit(queue, decodes, num_context, now_s, head_prompts, plan.max_num_seqs)
         if decision.num_late:
             engine.reorder_waiting([p.key for p in decision.order])
+        if decision.max_num_seqs is not None and decision.max_num_seqs != plan.max_num_seqs:
+            plan = self.plan = replace(plan, max_num_seqs=decision.max_num_seqs)
         return plan, decision.chunk_tokens, decision.num_late
 
     def _track_first_tokens(self, running: list[tuple[str, int, int, int]], now_s: float) -> None:

@@ -3,10 +3,11 @@
 Inputs: the worker's StepTimeModel, the SLO targets and the traffic's token mix (forecast).
 
 - Decode batch cap: the largest number of running sequences b whose steady-state step is
-  predicted (at the target quantile) within the TPOT target. In steady state every step also
-  admits what finishes: b / mean_output requests per step, each mean_prompt tokens to prefill,
-  and each running sequence holds about mean_prompt + mean_output / 2 tokens of context. Since a
-  request's TPOT is the mean of the steps it lives through, bounding every step bounds it.
+  predicted (at the target quantile) within the TPOT target. A step carries the prefill of what
+  arrives during it (forecast rate x mean_prompt tokens), at most what a full batch admits (b /
+  mean_output requests per step, each mean_prompt tokens); each running sequence holds about
+  mean_prompt + mean_output / 2 tokens of context. Since a request's TPOT is the mean of the
+  steps it lives through, bounding every step bounds it.
 - Chunk budget (this step): the larger of
   * the most prefill tokens a step may add with the d sequences decoding now and still stay within
     max_itl_factor x the TPOT target (prefill deferred protects the running requests' TPOT), and
@@ -24,16 +25,24 @@ Inputs: the worker's StepTimeModel, the SLO targets and the traffic's token mix 
   mean prompt.
 
 Before the step model has seen enough steps the configured fixed limits apply; when no cap meets
-the TPOT target at all, the smallest cap does. Pure Python.
+the TPOT target with the prefill in its steps, the cap is the decode-only one (the prefill is the
+chunk budget's to defer). Pure Python.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ferry.slo.admission import QueuedPrompt, RunningDecode, on_time_order, tpot_slack_ms
+from ferry.slo.admission import (
+    QueuedPrompt,
+    RunningDecode,
+    num_losing_tpot,
+    on_time_order,
+    seats_to_add,
+    tpot_slack_ms,
+)
 from ferry.slo.step_model import StepRecord, StepTimeModel
 
 
@@ -123,9 +132,8 @@ class Plan:
     """Requests/s one replica serves within the targets."""
     is_model_ready: bool
     is_feasible: bool = True
-    """False: not even min_num_seqs meets the TPOT target; the cap is min_num_seqs (the shortest
-    decode step misses by least; falling back to the fixed cap measured worse, ops/bench/slo) and
-    capacity_rps is 0."""
+    """False: not even min_num_seqs meets the TPOT target with the prefill in its steps; the cap is
+    then the largest whose decode-only step meets it (min_num_seqs if none) and capacity_rps is 0."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -138,6 +146,9 @@ class Admission:
     """The last num_late of `order` cannot meet the TTFT target any more."""
     chunk_tokens: int
     """Prefill tokens the step may carry."""
+    max_num_seqs: int | None = None
+    """The cap for the step: the planned one, raised by the seats that on-time prompts it would
+    hold back get (ferry.slo.admission.seats_to_add); None when admit() got no cap."""
 
 
 class SloController:
@@ -150,24 +161,48 @@ class SloController:
         return self.model.predict_ms(record, self.targets.quantile)
 
     # ---- decode ----------------------------------------------------------------------------------
-    def decode_plan(self, mix: TokenMix, prefill_in_steps: bool = True) -> Plan:
+    def decode_plan(self, mix: TokenMix, prefill_in_steps: bool = True, rate_rps: float | None = None) -> Plan:
         """The decode batch cap for this mix; prefill_in_steps: the same engine also prefills (role
-        'both'), so each step carries the steady-state share of prefill tokens."""
+        'both'), so each step carries prefill tokens: at cap b, what b / mean_output admissions a
+        step bring (the batch full), but never more than what arrives in a step at rate_rps (None:
+        the batch is always full). Below saturation the arrivals, not the cap, set the prefill in
+        a step: planning with b x prompt/output tokens there made a document-heavy light load
+        (700-token prompts, 36-token answers) look infeasible at any cap and held the cap at its
+        minimum. When even min_num_seqs misses the target, the cap is the decode-only one: the
+        prefill that breaks the target is not the cap's to bound (a smaller cap removes none of
+        what arrives), the chunk budget defers it (admit)."""
         if not self.model.is_ready:
             return Plan(self.limits.fixed_num_seqs, self.limits.fixed_chunk_tokens, 0.0, 0.0, False)
         share = mix.mean_prompt_tokens / max(mix.mean_output_tokens, 1.0) if prefill_in_steps else 0.0
+        prompt_tokens_per_ms = math.inf if rate_rps is None else rate_rps * mix.mean_prompt_tokens / 1000.0
 
-        def step(b: int) -> float:
-            return self._step_ms(b, math.ceil(b * share), b * mix.mean_context_tokens)
+        def prefill(b: int) -> int:
+            return math.ceil(self._steady_prefill(b, b * share, prompt_tokens_per_ms, mix.mean_context_tokens))
 
-        lim = self.limits
-        if step(lim.min_num_seqs) > self.targets.tpot_ms:  # the shortest decode step misses least
-            least = lim.min_num_seqs
-            return Plan(least, math.ceil(least * share), step(least), 0.0, True, is_feasible=False)
-        cap = _largest(lim.min_num_seqs, lim.max_num_seqs, lambda b: step(b) <= self.targets.tpot_ms)
+        def step(b: int, with_prefill: bool = True) -> float:
+            return self._step_ms(b, prefill(b) if with_prefill else 0, b * mix.mean_context_tokens)
+
+        lim, tpot = self.limits, self.targets.tpot_ms
+        if step(lim.min_num_seqs) > tpot:
+            cap = _largest(lim.min_num_seqs, lim.max_num_seqs, lambda b: step(b, False) <= tpot)
+            return Plan(cap, prefill(cap), step(cap), 0.0, True, is_feasible=False)
+        cap = _largest(lim.min_num_seqs, lim.max_num_seqs, lambda b: step(b) <= tpot)
         step_ms = step(cap)
         capacity_rps = cap / max(mix.mean_output_tokens, 1.0) / (step_ms / 1000.0)
-        return Plan(cap, math.ceil(cap * share), step_ms, capacity_rps, True)
+        return Plan(cap, prefill(cap), step_ms, capacity_rps, True)
+
+    def _steady_prefill(self, num_seqs: int, full: float, tokens_per_ms: float, context_per_seq: float) -> float:
+        """Prefill tokens per step with num_seqs decoding: what arrives during the step (its
+        duration depends on that prefill: the least fixed point, from no prefill up), at most
+        `full` (the batch full: what b / mean_output admissions a step bring)."""
+        tokens = 0.0
+        for _ in range(32):  # monotone from below; converges fast unless prefill saturates
+            step = self._step_ms(num_seqs, math.ceil(tokens), num_seqs * context_per_seq)
+            nxt = min(full, tokens_per_ms * step)
+            if nxt - tokens < 0.5:
+                return nxt
+            tokens = nxt
+        return full
 
     def chunk_budget(
         self,
@@ -213,16 +248,18 @@ class SloController:
         num_context_tokens: int,
         now_s: float,
         head: Sequence[QueuedPrompt] = (),
+        cap: int | None = None,
     ) -> Admission:
         """SLO-aware admission for the next step (ferry.slo.admission): the waiting prompts that
-        can still meet the TTFT target first, the late ones behind them; and the chunk budget: the
+        can still meet the TTFT target first, the late ones behind them; the chunk budget: the
         prefill the tightest live decode's TPOT slack allows, raised to what the on-time prompts
-        need to meet their deadlines, within [min_chunk_tokens, the TTFT ceiling].
+        need to meet their deadlines, within [min_chunk_tokens, the TTFT ceiling]; and with the
+        planned `cap`, the cap raised for on-time prompts it would make late (_seats).
         queue: waiting prompts; decodes: the running decodes over num_context_tokens of context;
         head: prompts already admitted and mid-prefill (they go first, whatever this decides)."""
         lim, num_decodes = self.limits, len(decodes)
         if not self.model.is_ready:
-            return Admission(list(queue), 0, lim.fixed_chunk_tokens)
+            return Admission(list(queue), 0, lim.fixed_chunk_tokens, cap)
         ceiling = self._ceiling(num_decodes, num_context_tokens)
         decode_ms = self._step_ms(num_decodes, 0, num_context_tokens) if num_decodes else 0.0
         per_token_ms = max(self._step_ms(num_decodes + 1, ceiling, num_context_tokens) - decode_ms, 0.0) / ceiling
@@ -241,7 +278,41 @@ class SloController:
             )
         need = self.ttft_chunk([(p.arrival_s, p.num_tokens) for p in (*head, *on_time)], now_s)
         chunk = min(max(allowed, need, lim.min_chunk_tokens), ceiling)
-        return Admission([*on_time, *late], len(late), chunk)
+        if cap is not None:
+            in_engine = num_decodes + len(head)
+            held = on_time[max(cap - in_engine, 0) :]
+            prefill_ms = lambda n: head_ms + n * per_token_ms  # noqa: E731
+            seats = self._seats(held, decodes, num_context_tokens, now_s, deadline_s, prefill_ms, decode_ms)
+            cap = max(cap, in_engine) + seats if seats else cap
+        return Admission([*on_time, *late], len(late), chunk, cap)
+
+    def _seats(
+        self,
+        held: Sequence[QueuedPrompt],
+        decodes: Sequence[RunningDecode],
+        num_context_tokens: int,
+        now_s: float,
+        deadline_s: float,
+        prefill_ms: Callable[[int], float],
+        decode_ms: float,
+    ) -> int:
+        """Seats beyond the cap for the on-time prompts it holds back (admission.seats_to_add): a
+        seat frees when the running decode with the fewest tokens left ends (never, as far as
+        the prompts held now can tell, when none decodes); k more sequences cost every step the
+        difference between the decode step with and without them."""
+        if not held:
+            return 0
+        num_decodes, tpot = len(decodes), self.targets.tpot_ms
+        wait_ms = min(d.num_remaining for d in decodes) * decode_ms if decodes else math.inf
+
+        def decode_with(k: int) -> float:
+            context = num_context_tokens + sum(p.num_tokens for p in held[:k])
+            return self._step_ms(num_decodes + k, 0, context)
+
+        def num_broken(k: int) -> int:
+            return num_losing_tpot(decodes, now_s, tpot, decode_ms, decode_with(k) - decode_ms)
+
+        return seats_to_add(held, now_s, deadline_s, wait_ms, prefill_ms, num_broken, lambda k: decode_with(k) <= tpot)
 
     def _ceiling(self, num_decodes: int, num_context_tokens: int) -> int:
         """The most prefill tokens a step may carry: it stays within half the TTFT target."""
