@@ -11,12 +11,14 @@ share of prefill in every step) and a chunk budget that keeps the step in the TP
 
 What the controller plans with is what the engine holds NOW where it can: the token mix of the
 requests waiting and running (prompt lengths are known at arrival, output limits too) once at
-least MIN_PRESENT are there, else the forecaster's EWMA over past arrivals. With `admission`
+least MIN_PRESENT are there, else the forecaster's EWMA over past arrivals; the arrival rate
+(how much prefill a step carries below saturation) is the forecast's peak. With `admission`
 (the default), SloController.admit also reorders the waiting queue (prompts that can still meet
-the TTFT target first, the late behind them) and sizes the chunk from the running decodes' TPOT
-slack; a running decode's first-token time is taken as the first before_step that sees it
-decoding. No torch here: the engine is used only through set_limits, reorder_waiting, prompts,
-running_decodes, decode_load and last_step.
+the TTFT target first, the late behind them), sizes the chunk from the running decodes' TPOT
+slack and raises the cap for on-time prompts it would hold past their TTFT target (when that
+keeps the running requests' TPOT, or loses fewer than it saves); a running decode's first-token
+time is taken as the first before_step that sees it decoding. No torch here: the engine is used
+only through set_limits, reorder_waiting, prompts, running_decodes, decode_load and last_step.
 """
 
 from __future__ import annotations
