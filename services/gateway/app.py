@@ -158,12 +158,15 @@ async def _sse(
     if env.is_chat:
         yield _sse_line(role_chunk(env, include_usage))
     try:
-        async for event in gen.events():
-            text_offset = len(out.text)
-            out.add(event)
-            if event.index == 0:
-                trace.hop(env.id, "gw.sse")
-            yield _sse_line(delta_chunk(env, event, tokenizer, text_offset, want_logprobs, include_usage))
+        async for events in gen.event_batches():
+            lines = []
+            for event in events:
+                text_offset = len(out.text)
+                out.add(event)
+                if event.index == 0:
+                    trace.hop(env.id, "gw.sse")
+                lines.append(_sse_line(delta_chunk(env, event, tokenizer, text_offset, want_logprobs, include_usage)))
+            yield b"".join(lines)  # one write per run of queued events (one SSE event per token still)
     except APIError as exc:  # headers are sent: the error travels as an event, as OpenAI's do
         yield _sse_line(exc.body())
     else:

@@ -119,6 +119,24 @@ class Generation:
             self._observe(event)
             yield event
 
+    async def event_batches(self) -> AsyncIterator[list[TokenEvent]]:
+        """events() in runs: each list holds an event and those already queued behind it, so a stream
+        that fell a few steps behind goes out in one socket write instead of one per token. Events
+        before an error still come out (as their own list) before it is raised."""
+        queue = self._queue
+        assert queue is not None, "start() first"
+        batch: list[TokenEvent] = []
+        try:
+            async for event in self.events():
+                batch.append(event)
+                if self.is_finished or queue.empty():
+                    yield batch
+                    batch = []
+        except APIError:
+            if batch:
+                yield batch
+            raise
+
     async def _next_event(self) -> Event:
         """The next queued event; a Lost marker if the holder stops reporting; APIError 504 when
         nothing came for timeout_s."""

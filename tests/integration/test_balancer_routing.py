@@ -4,10 +4,10 @@ rejections, and the queue of a worker that falls silent moving to a live one."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from nats.errors import NoRespondersError
+from reports import load_report
 from waiting import wait_until
 
 from ferry.bus import ensure_work_consumer, ensure_work_stream
@@ -34,19 +34,7 @@ pytestmark = pytest.mark.integration
 
 
 def report(worker_id, role="prefill", interval_s=5.0, **kw) -> LoadReport:
-    fields = dict(
-        model="tiny",
-        kv_namespace="ns",
-        timestamp=time.time(),
-        num_running=0,
-        num_waiting=0,
-        num_queued_prefill_tokens=0,
-        kv_blocks_used=0,
-        kv_blocks_total=64,
-        max_running=4,
-    )
-    fields.update(kw)
-    return LoadReport(worker_id=worker_id, role=role, interval_s=interval_s, **fields)
+    return load_report(worker_id, role, interval_s=interval_s, **{"model": "tiny", "kv_blocks_total": 64, **kw})
 
 
 def request(i: int, num_tokens: int = 20) -> GenerateRequest:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from prometheus_client import REGISTRY
+from reports import load_report
 from waiting import wait_until
 
 from ferry.protocol import (
@@ -17,7 +18,6 @@ from ferry.protocol import (
     ErrorEvent,
     ErrorReply,
     GenerateRequest,
-    LoadReport,
     OutputBatch,
     SamplingParams,
     SubmitReply,
@@ -81,20 +81,7 @@ class Cluster:
     async def _report_forever(self) -> None:
         while True:
             for worker_id, role in list(self.alive.items()):
-                report = LoadReport(
-                    worker_id=worker_id,
-                    role=role,
-                    model="m",
-                    kv_namespace="ns",
-                    timestamp=time.time(),
-                    interval_s=INTERVAL_S,
-                    num_running=0,
-                    num_waiting=0,
-                    num_queued_prefill_tokens=0,
-                    kv_blocks_used=0,
-                    kv_blocks_total=8,
-                    max_running=4,
-                )
+                report = load_report(worker_id, role, interval_s=INTERVAL_S)
                 await self.nc.publish(subjects.load(role, worker_id), encode(report))
             await asyncio.sleep(INTERVAL_S)
 

@@ -14,12 +14,12 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
 import nats
 import pytest
+from reports import load_report
 from waiting import wait_until_sync
 
 from ferry.launcher.servers import free_port, start_nats
@@ -29,7 +29,6 @@ from ferry.protocol import (
     Cancel,
     ErrorEvent,
     GenerateRequest,
-    LoadReport,
     OutputBatch,
     SubmitReply,
     SubmitRequest,
@@ -95,19 +94,8 @@ class Peer:
     async def _report_load(self) -> None:
         while True:
             for role in ("prefill", "decode"):
-                report = LoadReport(
-                    worker_id=f"{role}-peer",
-                    role=role,
-                    model="tiny",
-                    kv_namespace="ns",
-                    timestamp=time.time(),
-                    interval_s=0.2,
-                    num_running=0,
-                    num_waiting=0,
-                    num_queued_prefill_tokens=0,
-                    kv_blocks_used=0,
-                    kv_blocks_total=64,
-                    max_running=8,
+                report = load_report(
+                    f"{role}-peer", role, model="tiny", interval_s=0.2, kv_blocks_total=64, max_running=8
                 )
                 await self._nc.publish(f"ferry.load.{role}.{role}-peer", encode(report))
             await asyncio.sleep(0.2)

@@ -36,6 +36,7 @@ def test_a_dry_run_writes_every_step_and_the_summary(tmp_path):
     assert summary["ok"] and summary["dry"] and set(summary["steps"]) == {"model", "decode", "kvcopy", "bench"}
     assert [run["batch"] for run in summary["decode"]] == [1, 4]
     assert all(run["host_sync_in_forward"] is None and run["achieved_gb_s"] > 0 for run in summary["decode"])
+    assert all(run["graph_step_ms"] is None for run in summary["decode"])  # no CUDA graphs on the CPU
     assert summary["kvcopy"]["byte_identical"] and summary["kvcopy"]["overlap"] is None  # synchronous on the CPU
     assert summary["bench"]["ratios"]["dynamic_vs_static_output_tokens_per_s"] > 0
     assert not (tmp_path / "model-tiny").exists()  # the checkpoint is not brought back

@@ -1,6 +1,7 @@
 """The balancers' worker view: reports in, silent workers out, routed work counted in between."""
 
 import pytest
+from reports import load_report
 
 from ferry.balancing.view import WorkerView
 from ferry.protocol import LoadReport
@@ -9,19 +10,8 @@ pytestmark = pytest.mark.unit
 
 
 def report(worker_id="w1", role="prefill", interval_s=1.0, **kw) -> LoadReport:
-    fields = dict(
-        model="m",
-        kv_namespace="ns",
-        timestamp=0.0,
-        num_running=0,
-        num_waiting=0,
-        num_queued_prefill_tokens=0,
-        kv_blocks_used=0,
-        kv_blocks_total=100,
-        max_running=8,
-    )
-    fields.update(kw)
-    return LoadReport(worker_id=worker_id, role=role, interval_s=interval_s, **fields)
+    fields = {"timestamp": 0.0, "kv_blocks_total": 100, "max_running": 8, **kw}
+    return load_report(worker_id, role, interval_s=interval_s, **fields)
 
 
 def test_reported_workers_are_routable_sorted_by_id():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from reports import load_report
 
 from ferry.protocol import ErrorEvent, LoadReport, OutputBatch, TokenEvent
 from ferry_services.gateway.tracker import RequestTracker
@@ -61,22 +62,7 @@ async def test_errors_and_events_of_closed_requests():
 
 
 def report(worker_id: str, role: str, draining: bool = False, decodes: bool = False) -> LoadReport:
-    return LoadReport(
-        worker_id=worker_id,
-        role=role,
-        model="m",
-        kv_namespace="ns",
-        timestamp=0.0,
-        interval_s=1.0,
-        num_running=0,
-        num_waiting=0,
-        num_queued_prefill_tokens=0,
-        kv_blocks_used=0,
-        kv_blocks_total=8,
-        max_running=4,
-        draining=draining,
-        decodes=decodes,
-    )
+    return load_report(worker_id, role, timestamp=0.0, draining=draining, decodes=decodes)
 
 
 def test_a_worker_is_alive_until_it_misses_its_reports():

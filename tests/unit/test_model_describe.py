@@ -11,6 +11,7 @@ import torch
 from fastapi.testclient import TestClient
 from gguf_files import checkpoint_to_gguf
 from prometheus_client import REGISTRY
+from reports import load_report
 
 from ferry.engine import EngineConfig, LLMEngine
 from ferry.model.config import read_config
@@ -36,21 +37,7 @@ def q8_gguf(tmp_path_factory):
 
 
 def _report(worker_id: str, weights: str) -> LoadReport:
-    return LoadReport(
-        worker_id=worker_id,
-        role="decode",
-        model="m",
-        kv_namespace="ns",
-        timestamp=time.time(),
-        interval_s=1.0,
-        num_running=0,
-        num_waiting=0,
-        num_queued_prefill_tokens=0,
-        kv_blocks_used=0,
-        kv_blocks_total=8,
-        max_running=4,
-        weights_dtype=weights,
-    )
+    return load_report(worker_id, "decode", weights_dtype=weights)
 
 
 def test_models_card_says_name_architecture_and_dtypes(q8_gguf):

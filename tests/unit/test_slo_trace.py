@@ -70,6 +70,28 @@ def test_mooncake_and_azure_traces_replay(tmp_path):
     assert (records[0].num_prompt_tokens, records[0].num_output_tokens) == (374, 44)
 
 
+def test_the_public_mooncake_trace_lines_replay_with_their_shared_first_block(tmp_path):
+    # the first lines of kvcache-ai/Mooncake's mooncake_trace.jsonl: every 512-token block of a
+    # prompt has an id, a new id is the next integer, the shared id 0 is a common prefix
+    lines = (
+        '{"timestamp": 0, "input_length": 6755, "output_length": 500, "hash_ids": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,'
+        " 11, 12, 13]}\n"
+        '{"timestamp": 0, "input_length": 7319, "output_length": 490, "hash_ids": [0, 14, 15, 16, 17, 18, 19, 20,'
+        " 21, 22, 23, 24, 25, 26, 27]}\n"
+        '{"timestamp": 3052, "input_length": 2287, "output_length": 316, "hash_ids": [0, 42, 43, 44, 45]}\n'
+    )
+    trace = tmp_path / "mooncake_trace.jsonl"
+    trace.write_text(lines)
+    records = read_trace_file(trace)
+    assert [r.time_s for r in records] == [0.0, 0.0, 3.052] and len(records[0].block_ids) == 14
+    reqs, arrivals = replay_trace(records, speedup=1.0, max_prompt_len=1024, max_output_len=256, vocab_size=2048)
+    assert arrivals == [0.0, 0.0, 3.052]
+    assert [len(r.prompt_token_ids) for r in reqs] == [1024] * 3 and [r.max_tokens for r in reqs] == [256] * 3
+    prefixes = [r.prompt_token_ids[:512] for r in reqs]
+    assert prefixes[0] == prefixes[1] == prefixes[2]  # block 0
+    assert len({tuple(r.prompt_token_ids[512:]) for r in reqs}) == 3  # blocks 1, 14, 42
+
+
 def test_a_bad_trace_names_the_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"timestamp": 1, "input_length": 5}\n')
@@ -92,17 +114,21 @@ def test_small_slo_bench_writes_goodput_attainment_and_caps(tmp_path):
             num_kv_blocks=512,
             threads=1,
             num_windows=4,
+            ablation=True,
             show_progress=False,
         )
         report = run_slo_bench(cfg)
     finally:
         torch.set_num_threads(threads)
-    assert list(report["systems"]) == ["adaptive", "fixed-2", "fixed-8"]
+    assert list(report["systems"]) == ["adaptive", "adaptive-fcfs", "fixed-2", "fixed-8"]
+    assert report["best_fixed"] in ("fixed-2", "fixed-8")
+    assert report["ratios"].keys() >= {"adaptive-fcfs_goodput_vs_best_fixed", "adaptive_goodput_vs_best_fixed"}
     n = report["trace"]["num_requests"]
     for s in report["systems"].values():
         assert s["num_completed"] == n
         assert s["goodput_rps"] == pytest.approx(s["num_good"] / report["trace"]["duration_s"])
     assert len(report["windows"]["adaptive_cap"]["max_num_seqs"]) == 4
+    assert len(report["windows"]["adaptive-fcfs_cap"]["max_num_seqs"]) == 4
     saved = json.loads((cfg.out_dir / "report.json").read_text())
     assert saved["ratios"]["adaptive_goodput_vs_best_fixed"] == report["ratios"]["adaptive_goodput_vs_best_fixed"]
     assert {p.name for p in cfg.out_dir.iterdir()} >= {"README.md", "slo_attainment.png", "cap_over_time.png"}

@@ -92,7 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument(
         "--no-slo-admission",
         action="store_true",
-        help="adaptive: cap and chunk budget only, no queue reordering or TPOT-slack prefill (ablation)",
+        help="also run adaptive-fcfs beside adaptive: the adaptive cap and chunk budget, FCFS order, no "
+        "TPOT-slack prefill or seats beyond the cap (ablation of the SLO admission)",
     )
     t.add_argument("--trace-speedup", type=float, default=1.0, help="replay: divide trace times by this")
     t.add_argument("--trace-max-requests", type=int, help="replay: the first N requests only")
@@ -178,7 +179,7 @@ def _run_trace(args: argparse.Namespace, out: Path) -> int:
         threads=args.threads,
         trace_speedup=args.trace_speedup,
         max_requests=args.trace_max_requests,
-        admission=not args.no_slo_admission,
+        ablation=args.no_slo_admission,
         show_progress=not args.no_progress,
     )
     report = run_slo_bench(cfg)

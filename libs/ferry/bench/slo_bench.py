@@ -30,6 +30,7 @@ from ferry.model import load_model
 from ferry.slo import ControllerLimits, ForecastConfig, SloTargets
 
 FORECAST_INTERVALS_PER_DAY = 48
+ABLATION = "adaptive-fcfs"
 
 
 @dataclass(slots=True)
@@ -49,9 +50,9 @@ class SloBenchConfig:
     max_requests: int | None = None
     max_output_len: int = 256
     num_windows: int = 24
-    admission: bool = True
-    """The adaptive system reorders its queue and sizes prefill by TPOT slack (SloController.admit);
-    False: cap and chunk budget only (the ablation)."""
+    ablation: bool = False
+    """Also run `adaptive-fcfs` beside `adaptive`: the same adaptive cap and chunk budget, without
+    SloController.admit (no queue reordering, no TPOT-slack prefill, no seats beyond the cap)."""
     show_progress: bool = True
 
     def __post_init__(self) -> None:
@@ -83,17 +84,19 @@ def run_slo_bench(cfg: SloBenchConfig) -> dict:
     lm = load_model(cfg.model)
     requests, arrivals, trace = load_trace(cfg, lm.config.vocab_size)
     targets = SloTargets(cfg.tpot_slo_ms, cfg.ttft_slo_ms)
-    adaptive = _adaptive(cfg, trace["duration_s"], targets)
+    adaptive = _adaptive(cfg, trace["duration_s"], targets, admission=True)
+    controllers = {"adaptive": adaptive}
+    if cfg.ablation:
+        controllers[ABLATION] = _adaptive(cfg, trace["duration_s"], targets, admission=False)
     turns = {
-        "adaptive": engine_turns(
-            lm, _config(cfg, cfg.adaptive_max_num_seqs), requests, arrivals, "adaptive", adaptive=adaptive
-        )
+        name: engine_turns(lm, _config(cfg, cfg.adaptive_max_num_seqs), requests, arrivals, name, adaptive=c)
+        for name, c in controllers.items()
     }
     for cap in cfg.fixed_caps:
         turns[f"fixed-{cap}"] = engine_turns(lm, _config(cfg, cap), requests, arrivals, f"fixed-{cap}")
     results = side_by_side(turns, len(requests) * len(turns), cfg.show_progress)
     results = {name: results[name] for name in turns}  # adaptive first, then the caps in order
-    report = build_report(cfg, trace, requests, arrivals, results, adaptive, targets)
+    report = build_report(cfg, trace, requests, arrivals, results, controllers, targets)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     report["plots"] = write_plots(cfg.out_dir, report)
     (cfg.out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
@@ -101,13 +104,13 @@ def run_slo_bench(cfg: SloBenchConfig) -> dict:
     return report
 
 
-def _adaptive(cfg: SloBenchConfig, duration_s: float, targets: SloTargets) -> AdaptiveLimits:
+def _adaptive(cfg: SloBenchConfig, duration_s: float, targets: SloTargets, admission: bool) -> AdaptiveLimits:
     day_s = cfg.day_night.day_s if cfg.trace == "day-night" else duration_s
     forecast = ForecastConfig(
         interval_s=day_s / FORECAST_INTERVALS_PER_DAY, season_intervals=FORECAST_INTERVALS_PER_DAY, horizon_intervals=2
     )
     limits = ControllerLimits(max_num_seqs=cfg.adaptive_max_num_seqs, fixed_num_seqs=32)
-    return AdaptiveLimits(targets, limits, role="both", forecast=forecast, keep_history=True, admission=cfg.admission)
+    return AdaptiveLimits(targets, limits, role="both", forecast=forecast, keep_history=True, admission=admission)
 
 
 def _config(cfg: SloBenchConfig, cap: int):
@@ -128,7 +131,7 @@ def meets(ttft_s: float, tpot_s: float | None, targets: SloTargets) -> bool:
     return ttft_s * 1000 <= targets.ttft_ms and (tpot_s is None or tpot_s * 1000 <= targets.tpot_ms)
 
 
-def build_report(cfg, trace, requests, arrivals, results, adaptive, targets) -> dict:
+def build_report(cfg, trace, requests, arrivals, results, controllers, targets) -> dict:
     duration = trace["duration_s"]
     edges = [duration * k / cfg.num_windows for k in range(cfg.num_windows + 1)]
     window_of = [min(int(a / duration * cfg.num_windows), cfg.num_windows - 1) for a in arrivals]
@@ -139,10 +142,14 @@ def build_report(cfg, trace, requests, arrivals, results, adaptive, targets) -> 
         good = {i for i, (ttft, tpot) in rows.items() if meets(ttft, tpot, targets)}
         systems[name] = _summary(result, rows, good, duration)
         windows[name] = _attainment(window_of, good, cfg.num_windows)
-    windows["adaptive_cap"] = _cap_windows(adaptive, edges)
-    best_fixed = max((n for n in systems if n != "adaptive"), key=lambda n: systems[n]["goodput_rps"])
+    for name, controller in controllers.items():
+        windows[f"{name}_cap"] = _cap_windows(controller, edges)
+    best_fixed = max((n for n in systems if n.startswith("fixed-")), key=lambda n: systems[n]["goodput_rps"])
     best = systems[best_fixed]["goodput_rps"]
     ceiling = len(requests) / duration / best if best else None
+    ratios = {
+        f"{name}_goodput_vs_best_fixed": systems[name]["goodput_rps"] / best if best else None for name in controllers
+    }
     return {
         "kind": "slo_trace",
         "model": str(cfg.model),
@@ -152,12 +159,9 @@ def build_report(cfg, trace, requests, arrivals, results, adaptive, targets) -> 
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items() if k != "day_night"},
         "systems": systems,
         "best_fixed": best_fixed,
-        "ratios": {
-            "adaptive_goodput_vs_best_fixed": systems["adaptive"]["goodput_rps"] / best if best else None,
-            "ceiling_vs_best_fixed": ceiling,
-        },
+        "ratios": {**ratios, "ceiling_vs_best_fixed": ceiling},
         "windows": windows,
-        "step_model": adaptive.model.snapshot(),
+        "step_model": controllers["adaptive"].model.snapshot(),
     }
 
 

@@ -39,8 +39,11 @@ def _caps(path: Path, report: dict) -> None:
     plt, w = pyplot(), report["windows"]
     fig, ax = plt.subplots(figsize=(8, 4.2))
     caps = w["adaptive_cap"]
-    ax.plot(w["start_s"], [v if v is not None else float("nan") for v in caps["max_num_seqs"]], "k-", lw=2.5)
-    ax.lines[-1].set_label("adaptive cap (mean per window)")
+    for name, style in (("adaptive", "k-"), ("adaptive-fcfs", "C3-")):
+        if f"{name}_cap" in w:
+            cap = w[f"{name}_cap"]["max_num_seqs"]
+            ax.plot(w["start_s"], [v if v is not None else float("nan") for v in cap], style, lw=2.5)
+            ax.lines[-1].set_label(f"{name} cap (mean per window)")
     for name in report["systems"]:
         if name.startswith("fixed-"):
             ax.axhline(int(name.split("-")[1]), ls=":", lw=0.8, color="gray")
@@ -72,7 +75,7 @@ def write_markdown(out_dir: Path, report: dict) -> None:
         f"targets TTFT <= {t['ttft_ms']:g} ms, TPOT <= {t['tpot_ms']:g} ms; model {report['model']}, "
         f"{report['threads']} threads. Ratio adaptive / best fixed ({report['best_fixed']}): "
         f"**{_fmt(report['ratios']['adaptive_goodput_vs_best_fixed'], 2)}x** (the most any system could reach, "
-        f"every request good: {_fmt(report['ratios'].get('ceiling_vs_best_fixed'), 2)}x).",
+        f"every request good: {_fmt(report['ratios'].get('ceiling_vs_best_fixed'), 2)}x)" + _ablation(report) + ".",
         "",
         "| system | goodput req/s | attainment | completed | TTFT p50 / p90 ms | TPOT p50 / p90 ms | busy s |",
         "|---|---|---|---|---|---|---|",
@@ -85,6 +88,11 @@ def write_markdown(out_dir: Path, report: dict) -> None:
         )
     lines += ["", *[f"![{p}]({p})" for p in report.get("plots", [])], ""]
     (out_dir / "README.md").write_text("\n".join(lines))
+
+
+def _ablation(report: dict) -> str:
+    ratio = report["ratios"].get("adaptive-fcfs_goodput_vs_best_fixed")
+    return "" if ratio is None else f"; adaptive-fcfs (ablation: adaptive cap, FCFS order): **{ratio:.2f}x**"
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:

@@ -11,17 +11,19 @@ share of prefill in every step) and a chunk budget that keeps the step in the TP
 
 What the controller plans with is what the engine holds NOW where it can: the token mix of the
 requests waiting and running (prompt lengths are known at arrival, output limits too) once at
-least MIN_PRESENT are there, else the forecaster's EWMA over past arrivals. With `admission`
+least MIN_PRESENT are there, else the forecaster's EWMA over past arrivals; the arrival rate
+(how much prefill a step carries below saturation) is the forecast's peak. With `admission`
 (the default), SloController.admit also reorders the waiting queue (prompts that can still meet
-the TTFT target first, the late behind them) and sizes the chunk from the running decodes' TPOT
-slack; a running decode's first-token time is taken as the first before_step that sees it
-decoding. No torch here: the engine is used only through set_limits, reorder_waiting, prompts,
-running_decodes, decode_load and last_step.
+the TTFT target first, the late behind them), sizes the chunk from the running decodes' TPOT
+slack and raises the cap for on-time prompts it would hold past their TTFT target (when that
+keeps the running requests' TPOT, or loses fewer than it saves); a running decode's first-token
+time is taken as the first before_step that sees it decoding. No torch here: the engine is used
+only through set_limits, reorder_waiting, prompts, running_decodes, decode_load and last_step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ferry.slo import (
     ControllerLimits,
@@ -113,7 +115,8 @@ class AdaptiveLimits:
         """(plan, chunk budget, late prompts) of a decoding role; reorders the queue with admission."""
         waiting, head, running = engine.prompts(), engine.prompts(waiting=False), engine.running_decodes()
         self._track_first_tokens(running, now_s)
-        plan = self.plan = self.controller.decode_plan(self.mix_now(waiting, head, running), self.role == "both")
+        mix = self.mix_now(waiting, head, running)
+        plan = self.plan = self.controller.decode_plan(mix, self.role == "both", self.forecast_rps)
         num_decoding, num_context = engine.decode_load()
         if not self.admission:
             return plan, self.controller.chunk_budget(num_decoding, num_context, engine.prefill_backlog(), now_s), 0
@@ -123,9 +126,11 @@ class AdaptiveLimits:
         ]
         queue = [QueuedPrompt(rid, arrival, tokens) for rid, arrival, tokens, _ in waiting]
         head_prompts = [QueuedPrompt(rid, arrival, tokens) for rid, arrival, tokens, _ in head]
-        decision = self.controller.admit(queue, decodes, num_context, now_s, head_prompts)
+        decision = self.controller.admit(queue, decodes, num_context, now_s, head_prompts, plan.max_num_seqs)
         if decision.num_late:
             engine.reorder_waiting([p.key for p in decision.order])
+        if decision.max_num_seqs is not None and decision.max_num_seqs != plan.max_num_seqs:
+            plan = self.plan = replace(plan, max_num_seqs=decision.max_num_seqs)
         return plan, decision.chunk_tokens, decision.num_late
 
     def _track_first_tokens(self, running: list[tuple[str, int, int, int]], now_s: float) -> None:

@@ -12,10 +12,15 @@ FERRY_KERNEL_MARCH=<gcc -march value> builds for that target instead of this CPU
 builds `x86-64-v3`, AVX2, at image build time); the name then carries the target, not the CPU.
 A library already built under FERRY_KERNEL_CACHE is loaded as it is: no compiler at run time.
 When the build fails (no compiler, ...) one warning says why and callers use the torch reference.
+Builds are serialised by an flock beside the build directory, which the kernel releases when a builder
+dies: a builder that holds it and still finds torch's own `lock` file there knows that file was left by a
+build that was killed (torch's file baton never expires, and every later process would wait on it
+forever), removes it and says so.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -85,29 +90,60 @@ def build_name() -> str:
     return f"ferry_cpu_decode_{digest.hexdigest()[:16]}"
 
 
+def build_directory(name: str) -> Path:
+    """Where the library is built: FERRY_KERNEL_CACHE/<name>, else torch's extension directory."""
+    if os.environ.get("FERRY_KERNEL_CACHE"):
+        return Path(os.environ["FERRY_KERNEL_CACHE"]) / name
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return Path(_get_build_directory(name, verbose=False))
+
+
 def _build():
     from torch.utils.cpp_extension import load
 
     name = build_name()
-    build_dir = None
-    if os.environ.get("FERRY_KERNEL_CACHE"):
-        build_dir = Path(os.environ["FERRY_KERNEL_CACHE"]) / name
-        prebuilt = build_dir / f"{name}.so"
-        if prebuilt.is_file():  # its name pins sources, flags, target and torch: load it as it is
-            torch.ops.load_library(str(prebuilt))
-            return torch.ops.ferry_cpu.paged_decode_attention
-        build_dir.mkdir(parents=True, exist_ok=True)
+    build_dir = build_directory(name)
+    prebuilt = build_dir / f"{name}.so"
+    if os.environ.get("FERRY_KERNEL_CACHE") and prebuilt.is_file():
+        torch.ops.load_library(str(prebuilt))  # its name pins sources, flags, target and torch: load it as it is
+        return torch.ops.ferry_cpu.paged_decode_attention
+    build_dir.mkdir(parents=True, exist_ok=True)
     _ninja_on_path()
-    load(
-        name=name,
-        sources=[str(f) for f in SOURCES],
-        extra_cflags=cflags(),
-        extra_ldflags=["-fopenmp"],
-        build_directory=build_dir and str(build_dir),
-        is_python_module=False,
-        verbose=False,
-    )
+    with build_lock(build_dir):
+        load(
+            name=name,
+            sources=[str(f) for f in SOURCES],
+            extra_cflags=cflags(),
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=False,
+        )
     return torch.ops.ferry_cpu.paged_decode_attention
+
+
+class build_lock:
+    """An exclusive flock on <build_dir>.build-lock for the whole build. The kernel drops it when its holder
+    dies, so while we hold it no other ferry build is running: torch's baton `lock` in the build directory,
+    if there, is a dead build's and would make torch wait forever. Remove it."""
+
+    def __init__(self, build_dir: Path):
+        self.build_dir = build_dir
+        self.path = build_dir.with_name(build_dir.name + ".build-lock")
+
+    def __enter__(self) -> build_lock:
+        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        baton = self.build_dir / "lock"
+        if baton.exists():
+            log.warning("removing %s: a killed kernel build left it, and torch would wait on it forever", baton)
+            baton.unlink(missing_ok=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
 
 
 def _ninja_on_path() -> None:

@@ -16,6 +16,11 @@ token time, how many tokens it has made and (at most) how many remain, so after 
 steps at the plain decode pace its slack is what it can still give up: the extra time one step
 may take beyond a decode step before the tightest live request breaks (decodes already past
 saving do not count: protecting them buys nothing).
+
+Seats beyond the cap (`seats_to_add`): the cap is a plan for the steady state; a prompt that it
+keeps waiting for a seat while admitting it now would meet its TTFT target gets a seat anyway
+when that keeps the running requests' TPOT (`num_losing_tpot`: whose slack the longer steps use
+up), or when it loses fewer of them than it saves: the goodput counts each request once.
 """
 
 from __future__ import annotations
@@ -75,13 +80,56 @@ def tpot_slack_ms(
     """The extra time (ms) the next step may take beyond a decode step before the tightest running
     request that can still meet the TPOT target no longer can; None: no running request can (or
     none runs), nothing to protect."""
-    slacks = []
-    for d in running:
-        if d.num_remaining <= 0:
-            continue
-        budget_ms = tpot_ms * (d.num_after_first + d.num_remaining)
-        spent_ms = (now_s - d.first_token_s) * 1000.0
-        slack = budget_ms - spent_ms - d.num_remaining * decode_step_ms
-        if slack >= 0:
-            slacks.append(slack)
+    slacks = [s for s in _live_slacks(running, now_s, tpot_ms, decode_step_ms) if s >= 0]
     return min(slacks) if slacks else None
+
+
+def num_losing_tpot(
+    running: Sequence[RunningDecode], now_s: float, tpot_ms: float, decode_step_ms: float, extra_step_ms: float
+) -> int:
+    """How many running requests that can still meet the TPOT target would not if every step from
+    now to their end took extra_step_ms longer (what more sequences in the batch cost)."""
+    return sum(
+        0 <= slack < extra_step_ms * d.num_remaining
+        for d, slack in zip(_live(running), _live_slacks(running, now_s, tpot_ms, decode_step_ms))
+    )
+
+
+def seats_to_add(
+    held: Sequence[QueuedPrompt],
+    now_s: float,
+    deadline_s: float,
+    seat_wait_ms: float,
+    prefill_ms: Callable[[int], float],
+    num_broken: Callable[[int], int],
+    fits_tpot: Callable[[int], bool],
+) -> int:
+    """Seats beyond the cap for the first k of `held` (prompts the cap keeps waiting, in admission
+    order): the k that saves the most requests. A held prompt is saved when waiting seat_wait_ms
+    for a seat and then its prefill would end past arrival + deadline_s and admitting it now would
+    not. k costs num_broken(k) running requests their TPOT target; fits_tpot(k): the newcomers'
+    own decode steps meet it (else they miss the TPOT target anyway). Adding seats pays when the
+    TTFT misses it saves outnumber the TPOT misses it causes (each is one request lost); 0 when
+    nothing pays, the smallest k among equal gains."""
+    now_ms, best, best_gain, saved = now_s * 1000.0, 0, 0, 0
+    for k, prompt in enumerate(held, 1):
+        saved += now_ms + seat_wait_ms + prefill_ms(prompt.num_tokens) > (prompt.arrival_s + deadline_s) * 1000.0
+        if not fits_tpot(k):
+            break
+        if saved - num_broken(k) > best_gain:
+            best, best_gain = k, saved - num_broken(k)
+    return best
+
+
+def _live(running: Sequence[RunningDecode]) -> list[RunningDecode]:
+    return [d for d in running if d.num_remaining > 0]
+
+
+def _live_slacks(running: Sequence[RunningDecode], now_s: float, tpot_ms: float, decode_step_ms: float) -> list[float]:
+    """Per running request with tokens to come: its slack (module doc); negative: past saving."""
+    return [
+        tpot_ms * (d.num_after_first + d.num_remaining)
+        - (now_s - d.first_token_s) * 1000.0
+        - d.num_remaining * decode_step_ms
+        for d in _live(running)
+    ]

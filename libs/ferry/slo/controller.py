@@ -3,10 +3,11 @@
 Inputs: the worker's StepTimeModel, the SLO targets and the traffic's token mix (forecast).
 
 - Decode batch cap: the largest number of running sequences b whose steady-state step is
-  predicted (at the target quantile) within the TPOT target. In steady state every step also
-  admits what finishes: b / mean_output requests per step, each mean_prompt tokens to prefill,
-  and each running sequence holds about mean_prompt + mean_output / 2 tokens of context. Since a
-  request's TPOT is the mean of the steps it lives through, bounding every step bounds it.
+  predicted (at the target quantile) within the TPOT target. A step carries the prefill of what
+  arrives during it (forecast rate x mean_prompt tokens), at most what a full batch admits (b /
+  mean_output requests per step, each mean_prompt tokens); each running sequence holds about
+  mean_prompt + mean_output / 2 tokens of context. Since a request's TPOT is the mean of the
+  steps it lives through, bounding every step bounds it.
 - Chunk budget (this step): the larger of
   * the most prefill tokens a step may add with the d sequences decoding now and still stay within
     max_itl_factor x the TPOT target (prefill deferred protects the running requests' TPOT), and
@@ -24,120 +25,25 @@ Inputs: the worker's StepTimeModel, the SLO targets and the traffic's token mix 
   mean prompt.
 
 Before the step model has seen enough steps the configured fixed limits apply; when no cap meets
-the TPOT target at all, the smallest cap does. Pure Python.
+the TPOT target with the prefill in its steps, the cap is the decode-only one (the prefill is the
+chunk budget's to defer). Pure Python.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
-from ferry.slo.admission import QueuedPrompt, RunningDecode, on_time_order, tpot_slack_ms
+from ferry.slo.admission import (
+    QueuedPrompt,
+    RunningDecode,
+    num_losing_tpot,
+    on_time_order,
+    seats_to_add,
+    tpot_slack_ms,
+)
 from ferry.slo.step_model import StepRecord, StepTimeModel
-
-
-@dataclass(slots=True, frozen=True)
-class SloTargets:
-    tpot_ms: float = 50.0
-    """Inter-token latency target (FERRY_TPOT_SLO_MS)."""
-    ttft_ms: float = 1000.0
-    """Time-to-first-token target (FERRY_TTFT_SLO_MS)."""
-    quantile: float = 0.9
-    """The targets hold for this quantile of steps (p90)."""
-
-    def __post_init__(self) -> None:
-        for name in ("tpot_ms", "ttft_ms"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"SloTargets.{name}={getattr(self, name)}: must be > 0")
-        if not 0.5 <= self.quantile < 1:
-            raise ValueError(f"SloTargets.quantile={self.quantile}: must be in [0.5, 1)")
-
-
-@dataclass(slots=True, frozen=True)
-class ControllerLimits:
-    """Bounds the controller stays inside, and what applies before the model is ready."""
-
-    min_num_seqs: int = 4
-    """The cap never goes below this: a handful of sequences cost about what one does, and a model
-    that only ever sees one batch size cannot tell per-sequence cost from overhead."""
-    max_num_seqs: int = 256
-    min_chunk_tokens: int = 16
-    max_chunk_tokens: int = 2048
-    fixed_num_seqs: int = 64
-    """The cap before the model is ready."""
-    fixed_chunk_tokens: int = 2048
-    target_utilization: float = 0.8
-    """Replicas are sized so the forecast uses this share of their SLO capacity (queueing room)."""
-    max_itl_factor: float = 4.0
-    """A step carrying deferrable prefill may take this many TPOT targets (see the module doc)."""
-    ttft_deadline_share: float = 0.5
-    """Plan prefills to end by this share of the TTFT target: the rest is margin for the model's
-    errors and for steps slower than the TPOT pace."""
-    on_time_share: float = 0.8
-    """admit(): a queued prompt counts as on time when its prefill is predicted to end within this
-    share of the TTFT target."""
-    slack_share: float = 0.5
-    """admit(): a step may use this share of the tightest running request's TPOT slack (prefill
-    keeps coming: the rest is for later steps)."""
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_num_seqs <= self.max_num_seqs:
-            raise ValueError(f"ControllerLimits.min_num_seqs={self.min_num_seqs}: must be in [1, max_num_seqs]")
-        if not 1 <= self.min_chunk_tokens <= self.max_chunk_tokens:
-            raise ValueError(
-                f"ControllerLimits.min_chunk_tokens={self.min_chunk_tokens}: must be in [1, max_chunk_tokens]"
-            )
-        if not 0 < self.ttft_deadline_share <= 1:
-            raise ValueError(f"ControllerLimits.ttft_deadline_share={self.ttft_deadline_share}: must be in (0, 1]")
-        if not self.max_itl_factor >= 1:
-            raise ValueError(f"ControllerLimits.max_itl_factor={self.max_itl_factor}: must be >= 1")
-        for name in ("on_time_share", "slack_share"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"ControllerLimits.{name}={getattr(self, name)}: must be in (0, 1]")
-        if not 0 < self.target_utilization <= 1:
-            raise ValueError(f"ControllerLimits.target_utilization={self.target_utilization}: must be in (0, 1]")
-
-
-@dataclass(slots=True, frozen=True)
-class TokenMix:
-    mean_prompt_tokens: float = 128.0
-    mean_output_tokens: float = 128.0
-
-    @property
-    def mean_context_tokens(self) -> float:
-        """Context a running sequence holds on average over its life."""
-        return self.mean_prompt_tokens + self.mean_output_tokens / 2
-
-
-@dataclass(slots=True, frozen=True)
-class Plan:
-    """What the controller chose and why."""
-
-    max_num_seqs: int
-    chunk_tokens: int
-    """Prefill tokens per step in that steady state (prefill role: its chunk budget)."""
-    predicted_step_ms: float
-    """The step at that cap, at the target quantile."""
-    capacity_rps: float
-    """Requests/s one replica serves within the targets."""
-    is_model_ready: bool
-    is_feasible: bool = True
-    """False: not even min_num_seqs meets the TPOT target; the cap is min_num_seqs (the shortest
-    decode step misses by least; falling back to the fixed cap measured worse, ops/bench/slo) and
-    capacity_rps is 0."""
-
-
-@dataclass(slots=True, frozen=True)
-class Admission:
-    """SloController.admit's decision for the next step."""
-
-    order: list[QueuedPrompt]
-    """The waiting prompts in the order to admit them: on time first, then the late."""
-    num_late: int
-    """The last num_late of `order` cannot meet the TTFT target any more."""
-    chunk_tokens: int
-    """Prefill tokens the step may carry."""
+from ferry.slo.targets import Admission, ControllerLimits, Plan, SloTargets, TokenMix
 
 
 class SloController:
@@ -150,24 +56,49 @@ class SloController:
         return self.model.predict_ms(record, self.targets.quantile)
 
     # ---- decode ----------------------------------------------------------------------------------
-    def decode_plan(self, mix: TokenMix, prefill_in_steps: bool = True) -> Plan:
+    def decode_plan(self, mix: TokenMix, prefill_in_steps: bool = True, rate_rps: float | None = None) -> Plan:
         """The decode batch cap for this mix; prefill_in_steps: the same engine also prefills (role
-        'both'), so each step carries the steady-state share of prefill tokens."""
+        'both'), so each step carries prefill tokens: at cap b, what b / mean_output admissions a
+        step bring (the batch full), but never more than what arrives in a step at rate_rps (None:
+        the batch is always full). Below saturation the arrivals, not the cap, set the prefill in
+        a step: planning with b x prompt/output tokens there made a document-heavy light load
+        (700-token prompts, 36-token answers) look infeasible at any cap and held the cap at its
+        minimum. When even min_num_seqs misses the target, the cap is the decode-only one: the
+        prefill that breaks the target is not the cap's to bound (a smaller cap removes none of
+        what arrives), the chunk budget defers it (admit)."""
         if not self.model.is_ready:
             return Plan(self.limits.fixed_num_seqs, self.limits.fixed_chunk_tokens, 0.0, 0.0, False)
         share = mix.mean_prompt_tokens / max(mix.mean_output_tokens, 1.0) if prefill_in_steps else 0.0
+        prompt_tokens_per_ms = math.inf if rate_rps is None else rate_rps * mix.mean_prompt_tokens / 1000.0
 
-        def step(b: int) -> float:
-            return self._step_ms(b, math.ceil(b * share), b * mix.mean_context_tokens)
+        def prefill(b: int) -> int:
+            return math.ceil(self._steady_prefill(b, b * share, prompt_tokens_per_ms, mix.mean_context_tokens))
 
-        lim = self.limits
-        if step(lim.min_num_seqs) > self.targets.tpot_ms:  # the shortest decode step misses least
-            least = lim.min_num_seqs
-            return Plan(least, math.ceil(least * share), step(least), 0.0, True, is_feasible=False)
-        cap = _largest(lim.min_num_seqs, lim.max_num_seqs, lambda b: step(b) <= self.targets.tpot_ms)
+        def step(b: int, with_prefill: bool = True) -> float:
+            return self._step_ms(b, prefill(b) if with_prefill else 0, b * mix.mean_context_tokens)
+
+        lim, tpot = self.limits, self.targets.tpot_ms
+        if step(lim.min_num_seqs) > tpot:
+            cap = _largest(lim.min_num_seqs, lim.max_num_seqs, lambda b: step(b, False) <= tpot)
+            return Plan(cap, prefill(cap), step(cap), 0.0, True, is_feasible=False)
+        cap = _largest(lim.min_num_seqs, lim.max_num_seqs, lambda b: step(b) <= tpot)
         step_ms = step(cap)
         capacity_rps = cap / max(mix.mean_output_tokens, 1.0) / (step_ms / 1000.0)
-        return Plan(cap, math.ceil(cap * share), step_ms, capacity_rps, True)
+        return Plan(cap, prefill(cap), step_ms, capacity_rps, True)
+
+    def _steady_prefill(self, num_seqs: int, full: float, tokens_per_ms: float, context_per_seq: float) -> float:
+        """Prefill tokens per step with num_seqs decoding: what arrives during the step, whose
+        duration grows with that prefill (the model is linear: step = base + slope x p, so
+        p = rate x step solves to p = rate x base / (1 - rate x slope)), at most `full` (the batch
+        full: what b / mean_output admissions a step bring; also when prefill outruns the step)."""
+        if math.isinf(tokens_per_ms):
+            return full
+        context = num_seqs * context_per_seq
+        base = self._step_ms(num_seqs, 0, context)
+        slope = (self._step_ms(num_seqs, 100, context) - base) / 100.0
+        if tokens_per_ms * slope >= 1.0:
+            return full
+        return min(full, tokens_per_ms * base / (1.0 - tokens_per_ms * slope))
 
     def chunk_budget(
         self,
@@ -213,16 +144,18 @@ class SloController:
         num_context_tokens: int,
         now_s: float,
         head: Sequence[QueuedPrompt] = (),
+        cap: int | None = None,
     ) -> Admission:
         """SLO-aware admission for the next step (ferry.slo.admission): the waiting prompts that
-        can still meet the TTFT target first, the late ones behind them; and the chunk budget: the
+        can still meet the TTFT target first, the late ones behind them; the chunk budget: the
         prefill the tightest live decode's TPOT slack allows, raised to what the on-time prompts
-        need to meet their deadlines, within [min_chunk_tokens, the TTFT ceiling].
+        need to meet their deadlines, within [min_chunk_tokens, the TTFT ceiling]; and with the
+        planned `cap`, the cap raised for on-time prompts it would make late (_seats).
         queue: waiting prompts; decodes: the running decodes over num_context_tokens of context;
         head: prompts already admitted and mid-prefill (they go first, whatever this decides)."""
         lim, num_decodes = self.limits, len(decodes)
         if not self.model.is_ready:
-            return Admission(list(queue), 0, lim.fixed_chunk_tokens)
+            return Admission(list(queue), 0, lim.fixed_chunk_tokens, cap)
         ceiling = self._ceiling(num_decodes, num_context_tokens)
         decode_ms = self._step_ms(num_decodes, 0, num_context_tokens) if num_decodes else 0.0
         per_token_ms = max(self._step_ms(num_decodes + 1, ceiling, num_context_tokens) - decode_ms, 0.0) / ceiling
@@ -241,7 +174,41 @@ class SloController:
             )
         need = self.ttft_chunk([(p.arrival_s, p.num_tokens) for p in (*head, *on_time)], now_s)
         chunk = min(max(allowed, need, lim.min_chunk_tokens), ceiling)
-        return Admission([*on_time, *late], len(late), chunk)
+        if cap is not None:
+            in_engine = num_decodes + len(head)
+            held = on_time[max(cap - in_engine, 0) :]
+            prefill_ms = lambda n: head_ms + n * per_token_ms  # noqa: E731
+            seats = self._seats(held, decodes, num_context_tokens, now_s, deadline_s, prefill_ms, decode_ms)
+            cap = max(cap, in_engine) + seats if seats else cap
+        return Admission([*on_time, *late], len(late), chunk, cap)
+
+    def _seats(
+        self,
+        held: Sequence[QueuedPrompt],
+        decodes: Sequence[RunningDecode],
+        num_context_tokens: int,
+        now_s: float,
+        deadline_s: float,
+        prefill_ms: Callable[[int], float],
+        decode_ms: float,
+    ) -> int:
+        """Seats beyond the cap for the on-time prompts it holds back (admission.seats_to_add): a
+        seat frees when the running decode with the fewest tokens left ends (never, as far as
+        the prompts held now can tell, when none decodes); k more sequences cost every step the
+        difference between the decode step with and without them."""
+        if not held:
+            return 0
+        num_decodes, tpot = len(decodes), self.targets.tpot_ms
+        wait_ms = min(d.num_remaining for d in decodes) * decode_ms if decodes else math.inf
+
+        def decode_with(k: int) -> float:
+            context = num_context_tokens + sum(p.num_tokens for p in held[:k])
+            return self._step_ms(num_decodes + k, 0, context)
+
+        def num_broken(k: int) -> int:
+            return num_losing_tpot(decodes, now_s, tpot, decode_ms, decode_with(k) - decode_ms)
+
+        return seats_to_add(held, now_s, deadline_s, wait_ms, prefill_ms, num_broken, lambda k: decode_with(k) <= tpot)
 
     def _ceiling(self, num_decodes: int, num_context_tokens: int) -> int:
         """The most prefill tokens a step may carry: it stays within half the TTFT target."""
