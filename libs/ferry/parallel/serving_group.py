@@ -72,8 +72,9 @@ class GroupEngine:
         """Spawn ranks 1..ep_size-1, join the group as rank 0 and load every rank's share (slow)."""
         import torch.multiprocessing as mp
 
-        from ferry.parallel.lockstep import GroupAddress, init_group, load_rank_engine
+        from ferry.parallel.lockstep import GroupAddress, check_group_config, init_group, load_rank_engine
 
+        check_group_config(config, ep_size)
         ctx = mp.get_context("spawn")
         address = GroupAddress.free_local()
         links = []
