@@ -9,8 +9,8 @@ each block to a bound both sides know and carries the counts in a header row, on
 otherwise the per-slot counts go first, then exactly the rows (two). `steps` is a generator that
 yields right after each launch, so a driver can run another micro-batch's compute before it waits;
 what needs no other rank fills the windows no other micro-batch's big compute covers: the exact
-rows' (shared experts and this rank's experts on its own rows), or the padded dispatch's combine
-(shared experts). `forward` just runs it through.
+rows' (this rank's experts on its own rows) and the combine's (shared experts). `forward` just runs
+it through.
 """
 
 from __future__ import annotations
@@ -147,25 +147,24 @@ class ExpertParallelMoE(nn.Module):
         return capacities if padded_bytes <= PADDED_EXCHANGE_MAX_BYTES else None
 
     def _dispatch_counted(self, sent: torch.Tensor, send_counts: torch.Tensor, x: torch.Tensor) -> Exchange:
-        """Two all-to-alls: the per-slot counts, then exactly the rows. While the rows travel, the
-        shared experts and this rank's experts on its own rows compute (they need no other rank):
-        the other micro-batch only covers the counts' and the combine's windows with its attention
-        and experts, and the rows' window with a shared-experts-only segment would leave them
-        exposed (profiled: ops/bench/ep/README.md)."""
+        """Two all-to-alls: the per-slot counts, then exactly the rows. While the rows travel, this
+        rank's experts run on its own rows (they need no other rank): the other micro-batch's
+        segment in that window was its shared experts only, which left the counts and the rows
+        exposed; the shared experts now cover the combine, whose window the other micro-batch fills
+        with only its experts on other ranks' rows (profiled: ops/bench/ep/README.md)."""
         recv_counts = torch.empty_like(send_counts)
         yield from self._all_to_all("counts", recv_counts, send_counts)
         recv_splits = recv_counts.sum(1).tolist()
         send_splits = send_counts.sum(1).tolist()
         received = sent.new_empty(sum(recv_splits), sent.shape[1])
         work = self._launch(received, sent, recv_splits, send_splits)
-        shared = self._shared(x)
         own_start = sum(send_splits[: self.rank])
         own_rows = sent[own_start : own_start + send_splits[self.rank]]  # slot-sorted, as sent to ourselves
         own = self._run_experts(own_rows, send_counts[self.rank].cumsum(0).to(torch.int32))
         yield
         self._wait(work, "dispatch")
         starts = ep_layout.exclusive_cumsum(torch.tensor(recv_splits, device=sent.device))
-        return recv_counts, received, starts, shared, own
+        return recv_counts, received, starts, None, own
 
     def _dispatch_padded(self, sent: torch.Tensor, send_counts: torch.Tensor, capacities: list[int]) -> Exchange:
         """One all-to-all: to each rank a header row of counts, then its rows, padded to our capacity."""
