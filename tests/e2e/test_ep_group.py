@@ -21,13 +21,6 @@ PROMPTS = ["hello there", "the quick brown fox jumps over the lazy dog", "ferry"
 
 
 @pytest.fixture(scope="module")
-def ds_model(tmp_path_factory):
-    from ferry.model.make_model import make_model
-
-    return make_model(tmp_path_factory.mktemp("ep-e2e") / "tiny-ds", "deepseek-v3", "tiny", seed=3)
-
-
-@pytest.fixture(scope="module")
 def reference(ds_model):
     from ferry.engine.config import EngineConfig
     from ferry.engine.generate_cli import generate

@@ -18,7 +18,7 @@ import nats
 import pytest
 from test_faults import Outcome, stream_one
 
-from ferry.launcher.servers import free_port, start_nats, start_redis
+from ferry.launcher.servers import free_port
 from ferry.launcher.up import add_arguments, plan_services, spawn, stop_children, wait_ready
 from ferry.protocol import LoadReport, decode
 
@@ -27,13 +27,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 MAX_TOKENS = 96
 PROMPTS = [f"request {i}: " + " ".join(["the quick brown fox"] * (1 + i % 3)) for i in range(6)]
 ENV = {"FERRY_LOAD_INTERVAL_S": "0.25", "FERRY_REQUEST_TIMEOUT_S": "60", "FERRY_MAX_ATTEMPTS": "3"}
-
-
-@pytest.fixture(scope="module")
-def ds_model(tmp_path_factory):
-    from ferry.model.make_model import make_model
-
-    return make_model(tmp_path_factory.mktemp("ep-faults") / "tiny-ds", "deepseek-v3", "tiny", seed=3)
 
 
 def reference_texts(model_dir, prompts: list[str], max_tokens: int) -> list[str]:
@@ -45,14 +38,6 @@ def reference_texts(model_dir, prompts: list[str], max_tokens: int) -> list[str]
     engine = LLMEngine.from_model_path(model_dir, EngineConfig(num_kv_blocks=512))
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     return [r["text"] for r in generate(engine, list(prompts), sampling)]
-
-
-@pytest.fixture
-def servers(tmp_path):
-    nats_server, redis_server = start_nats(store_dir=tmp_path / "nats"), start_redis()
-    yield nats_server, redis_server
-    redis_server.stop()
-    nats_server.stop()
 
 
 async def test_a_dead_rank_fails_its_group_and_every_request_completes_elsewhere(ds_model, servers, tmp_path):

@@ -1,7 +1,8 @@
 """The expert-parallel exchange: both dispatches (counts first, then exactly the rows; or one padded
-all-to-all whose header rows carry the counts) give every token what the whole MoE gives it, with
-ranks of different token counts, a rank with none, and experts with copies on both ranks. Two
-spawned gloo ranks; and the index arithmetic on a hand-made example."""
+all-to-all whose header rows carry the counts) give every token what the whole MoE gives it, run
+whole or as two overlapped micro-batches, with ranks of different token counts, a rank with none,
+and experts with copies on both ranks. Two spawned gloo ranks; and the index arithmetic on a
+hand-made example."""
 
 from __future__ import annotations
 
@@ -66,13 +67,27 @@ def _rank(rank: int, address: GroupAddress, slots: tuple, tokens: list[int], fai
         layer = moe_ep.ExpertParallelMoE(moe, ExpertPlacement(8, slots), rank)
         counted = layer(x)  # no token counts given: counts first
         padded = moe_ep.run_to_end(layer.steps(x, tokens))
+        both_halves = _interleaved(layer, x, tokens)  # two micro-batches overlapped, padded
         moe_ep.PADDED_EXCHANGE_MAX_BYTES = 0  # the same counts, but too big to pad: counts first
         counted_too = moe_ep.run_to_end(layer.steps(x, tokens))
-        for name, got in (("counted", counted), ("padded", padded), ("counted_too", counted_too)):
+        both_halves_counted = _interleaved(layer, x, tokens)
+        results = dict(counted=counted, padded=padded, counted_too=counted_too)
+        results |= dict(both_halves=both_halves, both_halves_counted=both_halves_counted)
+        for name, got in results.items():
             if not torch.allclose(got, expected, atol=1e-5, rtol=1e-5):
                 failures.put(f"rank {rank}, {name}: max error {(got - expected).abs().max()}")
     finally:
         leave_group()
+
+
+def _interleaved(layer, x: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """x split in two micro-batches whose steps alternate (as OverlapRunner's overlap mode runs them)."""
+    from ferry.parallel.overlap import interleave
+
+    first = [count // 2 for count in tokens]  # every rank's first half: the same list everywhere
+    second = [count - half for count, half in zip(tokens, first)]
+    cut = first[torch.distributed.get_rank()]
+    return torch.cat(interleave([layer.steps(x[:cut], first), layer.steps(x[cut:], second)]))
 
 
 @pytest.mark.parametrize(

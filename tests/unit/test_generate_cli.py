@@ -147,3 +147,10 @@ def test_ep_size_needs_routed_experts_it_divides(tiny_model, capsys):
     status, _, err = cli(capsys, "--model", str(tiny_model), "--prompt", "hi", "--ep-size", "2")
     assert status == 2
     assert "--ep-size 2: must divide the model's 0 routed experts" in err
+
+
+def test_ep_size_refuses_quantized_weights_naming_both_options(tmp_path, capsys):
+    model = make_model(tmp_path / "ds", "deepseek-v3", "tiny")
+    status, _, err = cli(capsys, "--model", str(model), "--prompt", "hi", "--ep-size", "2", "--weights-dtype", "int4")
+    assert status == 2
+    assert "weights dtype int4" in err and "--weights-dtype" in err and "--ep-size" in err

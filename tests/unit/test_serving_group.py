@@ -60,3 +60,18 @@ def test_a_dead_rank_is_noticed_at_once_and_fails_the_next_call(checkpoint):
         group.add_request("x", [5, 6, 7], GREEDY)
         group.step()
     group.close()
+
+
+@pytest.mark.parametrize("weights_dtype", ["int8", "int4"])
+def test_quantized_weights_are_refused_before_any_rank_starts_naming_both_settings(checkpoint, weights_dtype):
+    import dataclasses
+
+    import torch.multiprocessing as mp
+
+    config = dataclasses.replace(CONFIG, weights_dtype=weights_dtype)
+    before = len(mp.active_children())
+    with pytest.raises(ValueError) as refused:
+        GroupEngine.start(checkpoint, config, 2)
+    message = str(refused.value)
+    assert all(name in message for name in (weights_dtype, "FERRY_WEIGHTS_DTYPE", "FERRY_EP_SIZE"))
+    assert len(mp.active_children()) == before  # refused at start: no rank was spawned

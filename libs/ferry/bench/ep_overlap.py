@@ -44,16 +44,23 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _timed_step(engine, layers, device: str) -> tuple[float, float]:
+def _timed_step(engine, layers, device: str) -> tuple[float, float, dict[str, float]]:
     """-> (step seconds, seconds blocked in collectives: the layers' all-to-alls and the runner's
-    all-gather of token counts), after a barrier aligns the ranks."""
+    all-gather of token counts, those seconds by collective), after a barrier aligns the ranks."""
     dist.barrier()
     for waiter in [*layers, engine.runner]:
         waiter.comm_wait_s = 0.0
+    for layer in layers:
+        layer.comm_wait_by_kind = {}
     start = time.perf_counter()
     engine.step()
     _sync(device)
-    return time.perf_counter() - start, sum(waiter.comm_wait_s for waiter in [*layers, engine.runner])
+    elapsed = time.perf_counter() - start
+    by_kind = {"all_gather": engine.runner.comm_wait_s}
+    for layer in layers:
+        for kind, waited in layer.comm_wait_by_kind.items():
+            by_kind[kind] = by_kind.get(kind, 0.0) + waited
+    return elapsed, sum(waiter.comm_wait_s for waiter in [*layers, engine.runner]), by_kind
 
 
 def _prompts(rank: int, count: int, length: int, salt: int) -> list[list[int]]:
@@ -118,12 +125,18 @@ def _rank_main(rank: int, args: argparse.Namespace, address: GroupAddress, model
     leave_group()
 
 
-def _stats(per_rank: list[dict], phase: str, mode: str, steps: slice) -> dict[str, float]:
-    """Median over steps of the slowest rank's step time and of the ranks' mean blocked time."""
-    rows = list(zip(*(rank[phase][mode][steps] for rank in per_rank)))  # per step: (time, wait) per rank
+def _stats(per_rank: list[dict], phase: str, mode: str, steps: slice) -> dict:
+    """Median over steps of the slowest rank's step time and of the ranks' mean blocked time, in
+    all and by collective."""
+    rows = list(zip(*(rank[phase][mode][steps] for rank in per_rank)))  # per step: (time, wait, by kind) per rank
+    kinds = sorted({kind for row in rows for _, _, by_kind in row for kind in by_kind})
     return {
-        "step_ms": 1000 * statistics.median(max(t for t, _ in row) for row in rows),
-        "comm_blocked_ms": 1000 * statistics.median(statistics.mean(w for _, w in row) for row in rows),
+        "step_ms": 1000 * statistics.median(max(t for t, _, _ in row) for row in rows),
+        "comm_blocked_ms": 1000 * statistics.median(statistics.mean(w for _, w, _ in row) for row in rows),
+        "comm_blocked_ms_by_collective": {
+            kind: 1000 * statistics.median(statistics.mean(b.get(kind, 0.0) for _, _, b in row) for row in rows)
+            for kind in kinds
+        },
     }
 
 

@@ -191,10 +191,15 @@ def generate(engine, prompts: list, sampling, progress: bool = False) -> list[di
 def _generate_expert_parallel(args: argparse.Namespace, prompts: list, sampling, config: EngineConfig) -> list[dict]:
     from ferry.model import read_config
     from ferry.parallel.group_generate import generate_on_group
+    from ferry.parallel.lockstep import check_group_config
 
     num_experts = read_config(args.model).n_routed_experts
     if args.ep_size < 1 or not num_experts or num_experts % args.ep_size:
         raise InputError(f"--ep-size {args.ep_size}: must divide the model's {num_experts} routed experts")
+    try:
+        check_group_config(config, args.ep_size)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     mode = "overlap" if args.ep_overlap else "single"
     run = generate_on_group(args.model, prompts, sampling, config, args.ep_size, mode=mode)
     for rank in run.ranks:

@@ -8,8 +8,9 @@ count of this micro-batch (one small all-gather per step, by the runner), a smal
 each block to a bound both sides know and carries the counts in a header row, one collective;
 otherwise the per-slot counts go first, then exactly the rows (two). `steps` is a generator that
 yields right after each launch, so a driver can run another micro-batch's compute before it waits;
-the shared experts fill the window no other micro-batch's attention covers (the exact dispatch's, or
-the combine's). `forward` just runs it through.
+what needs no other rank fills the windows no other micro-batch's big compute covers: the exact
+rows' (this rank's experts on its own rows) and the combine's (shared experts). `forward` just runs
+it through.
 """
 
 from __future__ import annotations
@@ -29,9 +30,12 @@ from ferry.model.moe import MoE, Router
 from ferry.parallel.placement import ExpertPlacement
 
 Steps = Generator[None, None, torch.Tensor]
-Exchange = Generator[None, None, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]
+Exchange = Generator[
+    None, None, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+]
 """A dispatch: yields at its launches; -> (counts received [n, S], rows received, where each
-source's block of rows starts, the shared experts' output if it computed them)."""
+source's block of rows starts, the shared experts' output if it computed them, this rank's experts'
+output on the rows it sent itself if it computed them, in the order sent)."""
 
 PADDED_EXCHANGE_MAX_BYTES = 1 << 20
 """Largest padded dispatch (all blocks, one rank's view) sent as one all-to-all with its counts."""
@@ -55,6 +59,8 @@ class ExpertParallelMoE(nn.Module):
         self.experts = nn.ModuleList()
         self.comm_wait_s = 0.0
         """Seconds this layer spent blocked in wait() on its all-to-alls."""
+        self.comm_wait_by_kind: dict[str, float] = {}
+        """The same seconds by collective: counts, dispatch (rows, or padded rows + header), combine."""
         self.expert_tokens = torch.zeros(placement.num_experts, dtype=torch.int64)
         """Tokens routed to each logical expert from this rank since the last reset (for EPLB)."""
         self.computed_tokens = 0
@@ -103,20 +109,26 @@ class ExpertParallelMoE(nn.Module):
             exchange = self._dispatch_counted(x[rows], send_counts, x)
         else:
             exchange = self._dispatch_padded(x[rows], send_counts, capacities)
-        recv_counts, received, block_starts, shared = yield from exchange
+        recv_counts, received, block_starts, shared, own = yield from exchange
         recv_rows = recv_counts.sum(1)  # [n]
-        layouts = torch.stack([block_starts, ep_layout.exclusive_cumsum(recv_rows)])  # as received, compact
+        compact_starts = ep_layout.exclusive_cumsum(recv_rows)
+        if own is not None:  # our own rows' outputs are there already: the experts run on the rest
+            recv_counts = recv_counts.index_fill(0, torch.tensor([self.rank], device=x.device), 0)
+        layouts = torch.stack([block_starts, compact_starts])  # as received, compact
         (expert_rows, source_rows), ends = ep_layout.slot_major_rows(recv_counts, layouts)
         hidden = self._run_experts(received[expert_rows], ends)  # [R, hidden] slot-major
-        computed = torch.empty_like(hidden)  # back in each source's order, no padding
+        computed = hidden.new_empty(int(recv_rows.sum()), hidden.shape[1])  # each source's order, no padding
         computed[source_rows] = hidden
+        if own is not None:
+            start = int(compact_starts[self.rank])
+            computed[start : start + len(own)] = own
         recv_splits = recv_rows.tolist()
         back = x.new_empty(len(rows), x.shape[1])
         combine = self._launch(back, computed, send_counts.sum(1).tolist(), recv_splits)
         if shared is None:  # the shared experts need no other rank: they compute while the outputs travel
             shared = self._shared(x)
         yield
-        self._wait(combine)
+        self._wait(combine, "combine")
         out = torch.zeros_like(x).index_add_(0, rows, back * weights.flatten()[order, None].to(x.dtype))
         return out if shared is None else out + shared
 
@@ -135,18 +147,24 @@ class ExpertParallelMoE(nn.Module):
         return capacities if padded_bytes <= PADDED_EXCHANGE_MAX_BYTES else None
 
     def _dispatch_counted(self, sent: torch.Tensor, send_counts: torch.Tensor, x: torch.Tensor) -> Exchange:
-        """Two all-to-alls: the per-slot counts, then exactly the rows. The shared experts compute
-        while the rows travel: the other micro-batch only posts its own rows meanwhile."""
+        """Two all-to-alls: the per-slot counts, then exactly the rows. While the rows travel, this
+        rank's experts run on its own rows (they need no other rank): the other micro-batch's
+        segment in that window was its shared experts only, which left the counts and the rows
+        exposed; the shared experts now cover the combine, whose window the other micro-batch fills
+        with only its experts on other ranks' rows (profiled: ops/bench/ep/README.md)."""
         recv_counts = torch.empty_like(send_counts)
-        yield from self._all_to_all(recv_counts, send_counts)
+        yield from self._all_to_all("counts", recv_counts, send_counts)
         recv_splits = recv_counts.sum(1).tolist()
+        send_splits = send_counts.sum(1).tolist()
         received = sent.new_empty(sum(recv_splits), sent.shape[1])
-        work = self._launch(received, sent, recv_splits, send_counts.sum(1).tolist())
-        shared = self._shared(x)
+        work = self._launch(received, sent, recv_splits, send_splits)
+        own_start = sum(send_splits[: self.rank])
+        own_rows = sent[own_start : own_start + send_splits[self.rank]]  # slot-sorted, as sent to ourselves
+        own = self._run_experts(own_rows, send_counts[self.rank].cumsum(0).to(torch.int32))
         yield
-        self._wait(work)
+        self._wait(work, "dispatch")
         starts = ep_layout.exclusive_cumsum(torch.tensor(recv_splits, device=sent.device))
-        return recv_counts, received, starts, shared
+        return recv_counts, received, starts, None, own
 
     def _dispatch_padded(self, sent: torch.Tensor, send_counts: torch.Tensor, capacities: list[int]) -> Exchange:
         """One all-to-all: to each rank a header row of counts, then its rows, padded to our capacity."""
@@ -157,10 +175,10 @@ class ExpertParallelMoE(nn.Module):
         ep_layout.header_view(buffer[::block], num_slots).copy_(send_counts)
         recv_blocks = [1 + capacity for capacity in capacities]
         received = sent.new_empty(sum(recv_blocks), sent.shape[1])
-        yield from self._all_to_all(received, buffer, recv_blocks, [block] * num_ranks)
+        yield from self._all_to_all("dispatch", received, buffer, recv_blocks, [block] * num_ranks)
         headers = ep_layout.exclusive_cumsum(torch.tensor(recv_blocks, device=sent.device))  # [n]
         recv_counts = ep_layout.header_view(received[headers], num_slots).to(torch.int64)
-        return recv_counts, received, headers + 1, None
+        return recv_counts, received, headers + 1, None, None
 
     def _shared(self, x: torch.Tensor) -> torch.Tensor | None:
         return self.shared_experts(x) if self.shared_experts is not None and len(x) else None
@@ -184,6 +202,7 @@ class ExpertParallelMoE(nn.Module):
 
     def _all_to_all(
         self,
+        kind: str,
         output: torch.Tensor,
         data: torch.Tensor,
         output_splits: list[int] | None = None,
@@ -191,7 +210,7 @@ class ExpertParallelMoE(nn.Module):
     ) -> Generator[None, None, None]:
         work = self._launch(output, data, output_splits, input_splits)
         yield
-        self._wait(work)
+        self._wait(work, kind)
 
     def _launch(
         self,
@@ -204,7 +223,9 @@ class ExpertParallelMoE(nn.Module):
             output, data.contiguous(), output_splits, input_splits, group=self.group, async_op=True
         )
 
-    def _wait(self, work: dist.Work) -> None:
+    def _wait(self, work: dist.Work, kind: str) -> None:
         start = time.perf_counter()
         work.wait()
-        self.comm_wait_s += time.perf_counter() - start
+        waited = time.perf_counter() - start
+        self.comm_wait_s += waited
+        self.comm_wait_by_kind[kind] = self.comm_wait_by_kind.get(kind, 0.0) + waited

@@ -18,6 +18,7 @@ from ferry.parallel.eplb import EplbConfig
 from ferry.parallel.lockstep import (
     GroupAddress,
     LockstepEngine,
+    check_group_config,
     init_group,
     leave_group,
     load_rank_engine,
@@ -101,6 +102,7 @@ def start_group(
     """Starts ep_size rank processes that run every prompt. placement: which rank holds which experts
     (default contiguous, no copies); eplb: re-place experts as the load shows; mode: one batch per
     step or two micro-batches (overlap.MODES)."""
+    check_group_config(config, ep_size)
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     address = GroupAddress.free_local()

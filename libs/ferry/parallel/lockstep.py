@@ -19,6 +19,7 @@ from ferry.engine.config import EngineConfig
 from ferry.engine.llm_engine import LLMEngine
 from ferry.engine.outputs import RequestOutput
 from ferry.model import load_model
+from ferry.model.quant_linear import QUANT_BITS
 from ferry.parallel.eplb import EplbConfig
 from ferry.parallel.overlap import OverlapRunner
 from ferry.parallel.placement import ExpertPlacement
@@ -65,6 +66,17 @@ def leave_group(group: dist.ProcessGroup | None = None) -> None:
     dist.destroy_process_group()
 
 
+def check_group_config(config: EngineConfig, ep_size: int) -> None:
+    """Refuses what a group cannot hold, before any rank is spawned: quantized weights (the ranks'
+    expert stacks, EPLB's expert reloads and the all-to-alls carry float weights only)."""
+    if config.weights_dtype in QUANT_BITS:
+        raise ValueError(
+            f"weights dtype {config.weights_dtype} (FERRY_WEIGHTS_DTYPE, --weights-dtype) with ep_size {ep_size} "
+            "(FERRY_EP_SIZE, --ep-size): an expert-parallel group holds float weights only; use float32 or "
+            "bfloat16 weights, or ep_size 1"
+        )
+
+
 def load_rank_engine(
     path: str | Path,
     config: EngineConfig,
@@ -77,7 +89,8 @@ def load_rank_engine(
     """This rank's engine: the model with only its routed experts, its own KV pool and scheduler.
     placement: default contiguous, or with eplb its initial placement (spare slots as copies);
     mode: how a step runs (overlap.MODES: one batch, or two micro-batches, overlapped or not)."""
-    lm = load_model(path, device=config.device, dtype=config.dtype)
+    check_group_config(config, ep_size)
+    lm = load_model(path, device=config.device, dtype=config.dtype, weights_dtype=config.weights_dtype)
     cfg = lm.config
     if placement is None:
         placement = (

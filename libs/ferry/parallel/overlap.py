@@ -4,7 +4,8 @@ each other's compute.
 Each micro-batch's forward is a generator that yields right after launching an all-to-all (async
 work handle); the driver resumes the other micro-batch meanwhile, so while A's tokens travel to
 their experts B computes its attention, and while B's travel A computes its experts. Every rank
-runs the same two generators in the same alternation, each yielding three times per MoE layer
+runs the same two generators in the same alternation, each yielding once per all-to-all launch
+(two or three per MoE layer: every rank picks the same exchange, ExpertParallelMoE._capacities)
 whatever its token count, so the group's collectives are issued in the same order everywhere.
 Sequences split at a sequence boundary, tokens as even as that allows; an empty half still runs.
 """

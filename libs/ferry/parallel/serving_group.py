@@ -12,7 +12,8 @@ reply carries the rank's stats, so loads per rank are known without asking again
 A rank that dies fails the group: the watchdog (a thread waiting on the ranks' process sentinels)
 calls `on_failure` at once, even while rank 0 is stuck in a collective with the dead rank; a call
 that finds a rank's pipe closed raises GroupFailed. What the worker does then is its business
-(services/worker/group.py: give its requests back and exit non-zero).
+(services/worker/group.py: give its requests back and exit non-zero). The ranks' side of the
+pipes: rank_process.py.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ferry.engine.config import EngineConfig
 from ferry.engine.outputs import EngineStats
 from ferry.parallel.dealing import RankState, ranks_by_preference
 from ferry.parallel.group_generate import GroupFailed
+from ferry.parallel.rank_process import queued_attention, rank_main, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +72,15 @@ class GroupEngine:
         """Spawn ranks 1..ep_size-1, join the group as rank 0 and load every rank's share (slow)."""
         import torch.multiprocessing as mp
 
-        from ferry.parallel.lockstep import GroupAddress, init_group, load_rank_engine
+        from ferry.parallel.lockstep import GroupAddress, check_group_config, init_group, load_rank_engine
 
+        check_group_config(config, ep_size)
         ctx = mp.get_context("spawn")
         address = GroupAddress.free_local()
         links = []
         for rank in range(1, ep_size):
             parent, child = ctx.Pipe()
-            process = ctx.Process(target=_rank_main, args=(rank, ep_size, address, str(model), config, child))
+            process = ctx.Process(target=rank_main, args=(rank, ep_size, address, str(model), config, child))
             process.daemon = True
             process.start()
             child.close()
@@ -138,7 +141,7 @@ class GroupEngine:
             try:
                 return getattr(self.local, method)(*args)
             finally:
-                self.rank_stats[0], self.rank_attention[0] = _snapshot(self.local)
+                self.rank_stats[0], self.rank_attention[0] = snapshot(self.local)
         link = self.links[rank - 1]
         self._send(link, method, args)
         return self._recv(link)
@@ -309,48 +312,3 @@ class GroupEngine:
 def _merge(parts: list[tuple[list[bytes], list[bytes]]]) -> tuple[list[bytes], list[bytes]]:
     """Every rank's (stored, removed) block hashes: the group holds what any rank holds."""
     return [h for stored, _ in parts for h in stored], [h for _, removed in parts for h in removed]
-
-
-def queued_attention(engine: Any) -> float:
-    """Causal query-key pairs the engine's unfinished prefills still have to compute: a prompt of
-    n tokens with c computed costs about (n^2 - c^2) / 2 (the prefill balancer's measure)."""
-    sched = engine.scheduler
-    pending = [s for s in (*sched.running, *sched.waiting) if not s.is_prefill_done]
-    return sum((s.num_tokens**2 - s.num_computed_tokens**2) / 2 for s in pending)
-
-
-def _snapshot(engine: Any) -> tuple[EngineStats, float]:
-    return engine.stats(), queued_attention(engine)
-
-
-def _rank_main(rank: int, ep_size: int, address: Any, model: str, config: EngineConfig, conn: Connection) -> None:
-    """A rank process: join the group, load its share, then run what rank 0 sends until told to stop."""
-    _die_with_parent()
-    from ferry.parallel.lockstep import init_group, load_rank_engine
-
-    init_group(address, rank, ep_size)
-    engine = load_rank_engine(model, config, rank, ep_size)
-    conn.send(("ok", None, _snapshot(engine)))
-    while True:
-        try:
-            method, args = conn.recv()
-        except EOFError:  # rank 0 is gone
-            os._exit(1)
-        if method == "close":
-            os._exit(0)  # no barrier: rank 0 may already be on its way out
-        try:
-            reply = ("ok", getattr(engine, method)(*args), _snapshot(engine))
-        except (ValueError, KeyError, RuntimeError) as exc:  # a refused call: rank 0 raises it
-            reply = ("error", exc, _snapshot(engine))
-        conn.send(reply)
-
-
-def _die_with_parent() -> None:
-    """Linux: this rank gets SIGKILL when the thread that spawned it ends (rank 0's engine thread,
-    which lives as long as the worker), however rank 0 ends."""
-    import ctypes
-    import signal
-    import sys
-
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
