@@ -59,7 +59,7 @@ def _rank(rank: int, address: GroupAddress, slots: tuple, tokens: list[int], fai
     from ferry.model import moe_ep
 
     torch.set_num_threads(1)
-    init_group(address, rank, 2)
+    init_group(address, rank, 2, "cpu")
     try:
         moe = _moe()
         x = torch.randn(tokens[rank], HIDDEN, generator=torch.Generator().manual_seed(10 + rank))

@@ -102,7 +102,7 @@ def _measure_decode(engine, layers, args, rank) -> dict[str, list]:
 
 def _rank_main(rank: int, args: argparse.Namespace, address: GroupAddress, model: str, queue) -> None:
     torch.set_num_threads(args.torch_threads)
-    init_group(address, rank, args.ranks)
+    init_group(address, rank, args.ranks, args.device)
     config = EngineConfig(
         num_kv_blocks=args.kv_blocks,
         block_size=16,

@@ -121,7 +121,7 @@ def _rank_main(rank, ep_size, address, model, prompts, sampling, config, placeme
     from ferry.engine.generate_cli import generate
 
     torch.set_num_threads(1)  # the group's ranks share the machine's cores
-    group = init_group(address, rank, ep_size)
+    group = init_group(address, rank, ep_size, config.device)
     engine = load_rank_engine(model, config, rank, ep_size, placement, eplb, mode)
     rebalancer = Rebalancer(engine.lm, rank, eplb, group) if eplb else None
     mine = split_round_robin(prompts, rank, ep_size)

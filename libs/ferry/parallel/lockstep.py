@@ -41,11 +41,15 @@ class GroupAddress:
             return cls("127.0.0.1", sock.getsockname()[1])
 
 
-def init_group(address: GroupAddress, rank: int, world_size: int, timeout_s: float = 60.0) -> dist.ProcessGroup:
-    """Joins the group (gloo on the CPU, NCCL when this rank has a GPU); -> the default group."""
+def init_group(
+    address: GroupAddress, rank: int, world_size: int, device: str, timeout_s: float = 60.0
+) -> dist.ProcessGroup:
+    """Joins the group (gloo when the ranks run on the CPU, NCCL when on GPUs: by the engine's device,
+    not by whether the machine has a GPU; a CPU group on a one-GPU machine would otherwise put every
+    rank on the same card and NCCL refuses that); -> the default group."""
     from datetime import timedelta
 
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(

@@ -32,7 +32,7 @@ def rank_main(rank: int, ep_size: int, address: Any, model: str, config: EngineC
     _die_with_parent()
     from ferry.parallel.lockstep import init_group, load_rank_engine
 
-    init_group(address, rank, ep_size)
+    init_group(address, rank, ep_size, config.device)
     engine = load_rank_engine(model, config, rank, ep_size)
     conn.send(("ok", None, snapshot(engine)))
     while True:

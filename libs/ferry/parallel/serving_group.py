@@ -86,7 +86,7 @@ class GroupEngine:
             child.close()
             links.append(RankLink(rank, process, parent))
         try:
-            init_group(address, 0, ep_size)
+            init_group(address, 0, ep_size, config.device)
             local = load_rank_engine(model, config, 0, ep_size)
             stats = [link.conn.recv()[2] for link in links]  # ('ok', None, stats) once loaded
         except BaseException:
