@@ -132,7 +132,7 @@ class OverlapRunner(ModelRunner):
         mine = torch.tensor(tokens, dtype=torch.int64, device=self.device)
         every = mine.new_empty(dist.get_world_size(group) * len(tokens))
         start = time.perf_counter()
-        dist.all_gather_single(every, mine, group=group)
+        dist.all_gather_into_tensor(every, mine, group=group)  # all_gather_single is torch 2.13+ only
         gathered = every.view(-1, len(tokens)).t().tolist()
         self.comm_wait_s += time.perf_counter() - start
         return gathered
