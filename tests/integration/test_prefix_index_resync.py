@@ -7,6 +7,7 @@ asked for ends up in every replica's index."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from test_kv_prefetch import LONG, TURN_1, serve, system  # noqa: F401
@@ -33,6 +34,9 @@ async def start_replica(nats_url) -> tuple[PrefillBalancer, object]:
     nc = await connect(nats_url, "ferry-test-replica")
     replica = PrefillBalancer(nc, PrefillBalancerSettings(tick_s=0.2))
     await replica.start()
+    # it joins the submit queue group at once: until it has heard the prefill worker's load report, a request
+    # it takes is refused with no_workers (what made this file's warm-up test fail now and then)
+    await wait_until(lambda: replica.runtime.view.routable(time.monotonic()), "the replica sees the prefill worker")
     return replica, nc
 
 

@@ -132,7 +132,7 @@ class OverlapRunner(ModelRunner):
         mine = torch.tensor(tokens, dtype=torch.int64, device=self.device)
         every = mine.new_empty(dist.get_world_size(group) * len(tokens))
         start = time.perf_counter()
-        dist.all_gather_into_tensor(every, mine, group=group)  # all_gather_single is torch 2.13+ only
+        _all_gather_single(every, mine, group=group)
         gathered = every.view(-1, len(tokens)).t().tolist()
         self.comm_wait_s += time.perf_counter() - start
         return gathered
@@ -142,3 +142,8 @@ class OverlapRunner(ModelRunner):
             empty = torch.empty(0, dtype=torch.int64, device=self.device)
             return empty, empty, None
         return self.prepare(half)
+
+
+# torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns); GPU users' CUDA builds
+# may be older (pyproject allows torch>=2.4)
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
