@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import signal
@@ -13,9 +14,18 @@ from pathlib import Path
 
 from ferry.bench.compare.servers import ferry_up_argv
 from ferry.launcher.servers import free_port
+from ferry.launcher.up import ServiceSpec, add_arguments, plan_services
 
 READY_TIMEOUT_S = 240.0
 STATUS_LINE = re.compile(r"^\s+(\S+)\s+pid (\d+)\s")
+
+
+def plan_up(argv: list[str], model_dir: Path, nats_url: str, redis_url: str) -> list[ServiceSpec]:
+    """The processes `ferry up ARGV` would start (its own options and defaults, as a user would pass them),
+    on these servers: for tests that spawn and kill the services one by one."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return plan_services(parser.parse_args(argv), model_dir, nats_url, redis_url)
 
 
 @dataclass

@@ -6,16 +6,16 @@ completions, several at once, equal the single-process engine's text, and both r
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
 import nats
 import openai
 import pytest
+from system_launch import plan_up
 from test_ep_group_faults import ENV, reference_texts
 
 from ferry.launcher.servers import free_port
-from ferry.launcher.up import add_arguments, plan_services, spawn, stop_children, wait_ready
+from ferry.launcher.up import spawn, stop_children, wait_ready
 from ferry.protocol import LoadReport, decode
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -27,13 +27,13 @@ PROMPTS = ["hello there", "the quick brown fox jumps over the lazy dog", "ferry"
 async def test_a_decode_group_behind_a_prefill_worker_streams_the_single_process_text(ds_model, servers, tmp_path):
     nats_server, redis_server = servers
     port = free_port()
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args(
+    specs = plan_up(
         ["--model", str(ds_model), "--layout", "split", "--prefill-workers", "1", "--decode-workers", "1"]
-        + ["--port", str(port), "--num-kv-blocks", "256", "--max-running", "8", "--torch-threads", "1"]
+        + ["--port", str(port), "--num-kv-blocks", "256", "--max-running", "8", "--torch-threads", "1"],
+        ds_model,
+        nats_server.url,
+        redis_server.url,
     )
-    specs = plan_services(args, ds_model, nats_server.url, redis_server.url)
     (prefill,) = [s for s in specs if s.env.get("FERRY_ROLE") == "prefill"]
     (group,) = [s for s in specs if s.env.get("FERRY_ROLE") == "decode"]
     group.env["FERRY_EP_SIZE"] = "2"

@@ -6,7 +6,6 @@ nothing duplicated), and the group, started again under the same id, serves agai
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -16,10 +15,11 @@ import time
 import httpx
 import nats
 import pytest
+from system_launch import plan_up
 from test_faults import Outcome, stream_one
 
 from ferry.launcher.servers import free_port
-from ferry.launcher.up import add_arguments, plan_services, spawn, stop_children, wait_ready
+from ferry.launcher.up import spawn, stop_children, wait_ready
 from ferry.protocol import LoadReport, decode
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -43,13 +43,13 @@ def reference_texts(model_dir, prompts: list[str], max_tokens: int) -> list[str]
 async def test_a_dead_rank_fails_its_group_and_every_request_completes_elsewhere(ds_model, servers, tmp_path):
     nats_server, redis_server = servers
     port = free_port()
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args(
+    specs = plan_up(
         ["--model", str(ds_model), "--layout", "both", "--workers", "2", "--port", str(port)]
-        + ["--num-kv-blocks", "512", "--max-running", "8", "--torch-threads", "1"]
+        + ["--num-kv-blocks", "512", "--max-running", "8", "--torch-threads", "1"],
+        ds_model,
+        nats_server.url,
+        redis_server.url,
     )
-    specs = plan_services(args, ds_model, nats_server.url, redis_server.url)
     workers = [s for s in specs if s.kind == "worker"]
     workers[0].env["FERRY_EP_SIZE"] = "2"
     group, single = workers[0].name, workers[1].name

@@ -8,7 +8,6 @@ Loopback only; every wait is bounded. Own nats-server and redis-server, so a fau
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -22,9 +21,10 @@ import msgpack
 import nats
 import nats.errors
 import pytest
+from system_launch import plan_up
 
 from ferry.launcher.servers import free_port, start_nats, start_redis
-from ferry.launcher.up import Child, add_arguments, plan_services, spawn, stop_children, wait_ready
+from ferry.launcher.up import Child, spawn, stop_children, wait_ready
 from ferry.protocol import ErrorReply, LoadReport, decode, subjects
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -124,26 +124,9 @@ def launch(model_dir: Path, run_dir: Path, env: dict[str, str]) -> FaultSystem:
     nats = start_nats(store_dir=run_dir / "nats")
     redis = start_redis()
     port = free_port()
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)  # ferry up's own options and defaults, as a user would pass them
-    args = parser.parse_args(
-        [
-            "--model",
-            str(model_dir),
-            "--prefill-workers",
-            "2",
-            "--decode-workers",
-            "2",
-            "--port",
-            str(port),
-            "--num-kv-blocks",
-            "512",
-            "--max-running",
-            "16",
-        ]
-    )
+    argv = ["--model", str(model_dir), "--prefill-workers", "2", "--decode-workers", "2", "--port", str(port)]
     try:
-        specs = plan_services(args, model_dir, nats.url, redis.url)
+        specs = plan_up(argv + ["--num-kv-blocks", "512", "--max-running", "16"], model_dir, nats.url, redis.url)
     except Exception:
         redis.stop()
         nats.stop()
