@@ -80,7 +80,8 @@ class Generation:
             raise APIError(503, "the gateway is not connected to the message bus", code="bus_unavailable")
         missing = self.bus.workers.missing_roles(now)
         if missing:
-            raise APIError(503, f"no {' or '.join(missing)} worker is alive", code="no_workers")
+            message = f"no {' or '.join(missing)} worker is alive (starting workers report within seconds: retry)"
+            raise APIError(503, message, code="no_workers", retry_after_s=retry_after_s)
         self._queue = self.bus.tracker.open(self.request_id)
         trace.hop(self.request_id, "gw.submit")
         try:

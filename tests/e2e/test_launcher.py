@@ -50,6 +50,9 @@ def test_ctrl_c_stops_every_service_and_the_servers_it_started(e2e_model, tmp_pa
     assert {"nats-server", "redis-server"} <= commands
     assert [p for p in started if pid_alive(p)] == []
     assert "ferry up: stopping" in system.output
+    # the API address comes with a word that workers are still loading; 'ready' follows once they report
+    printed = "\n".join(system.output)
+    assert printed.index("until 'ready' the API answers 503") < printed.index("ferry up: ready")
     # the services stop while their servers still run: no service lost its bus or store on the way out
     for log in tmp_path.glob("*.log"):
         text = log.read_text()

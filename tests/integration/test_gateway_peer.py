@@ -252,8 +252,10 @@ def test_no_workers_then_no_bus_are_503s_and_the_gateway_still_stops_cleanly(mod
             gateway.wait_until_answering("/health")
             assert httpx.get(f"{gateway.url}/ready").json()["bus_connected"] is True
             body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
-            error = httpx.post(f"{gateway.url}/v1/chat/completions", json=body).json()["error"]
+            refused = httpx.post(f"{gateway.url}/v1/chat/completions", json=body)
+            error = refused.json()["error"]
             assert error["code"] == "no_workers" and "prefill or decode" in error["message"]  # nobody reports load
+            assert int(refused.headers["Retry-After"]) >= 1  # clients (the openai SDK) wait that long and retry
             server.stop()
             wait_until_sync(
                 lambda: httpx.get(f"{gateway.url}/ready").json()["bus_connected"] is False, "bus_connected false", 5

@@ -150,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
             for spec in specs:  # appended one by one: a signal midway still stops those started
                 children.append(spawn(spec, run_dir))
             print_urls(args, nats_url, monitor_url, redis_url, run_dir)
+            print("ferry up: waiting for the workers to load the model; until 'ready' the API answers 503", flush=True)
             problem = wait_ready(children, f"http://{args.host}:{args.port}", args.ready_timeout)
             print_status(children, problem)
             return 1 if problem else supervise(children)
