@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
+from ferry.balancing.chains import num_leading_held
+
 
 class SessionAffinity:
     def __init__(self, max_blocks_per_worker: int = 65_536, max_workers: int = 256) -> None:
@@ -45,13 +47,7 @@ class SessionAffinity:
 
     def leading(self, worker_id: str, block_hashes: Sequence[bytes]) -> int:
         """How many leading blocks of the chain the worker holds."""
-        held = self._held.get(worker_id)
-        if not held:
-            return 0
-        for i, block_hash in enumerate(block_hashes):
-            if block_hash not in held:
-                return i
-        return len(block_hashes)
+        return num_leading_held(self._held.get(worker_id), block_hashes)
 
     def shares(self, worker_ids: Iterable[str], block_hashes: Sequence[bytes]) -> dict[str, float]:
         """Per worker: the share (0..1) of the chain's blocks it holds from the start: the routing input."""

@@ -15,6 +15,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ferry.balancing.chains import num_leading_held
+
 STORE = "store"
 
 
@@ -80,13 +82,7 @@ class PrefixIndex:
     def leading(self, namespace: str, where: str, block_hashes: Sequence[bytes], tier: str | None = None) -> int:
         """How many leading blocks of the chain are held there (in that tier: default device, or remote
         for the store)."""
-        held = self._held.get((namespace, where, tier or _tier_of(where)))
-        if not held:
-            return 0
-        for i, block_hash in enumerate(block_hashes):
-            if block_hash not in held:
-                return i
-        return len(block_hashes)
+        return num_leading_held(self._held.get((namespace, where, tier or _tier_of(where))), block_hashes)
 
     def cached_tokens(
         self, namespace_of: Mapping[str, str], block_hashes: Sequence[bytes], block_size: int
