@@ -80,3 +80,12 @@ def test_ep_size_makes_every_worker_a_group_and_shares_the_cores_among_its_ranks
     args = parse()
     resolve_layout(args, num_cores=8)
     assert all("FERRY_EP_SIZE" not in s.env for s in plan_services(args, "/m", "nats://n", "redis://r"))
+
+
+@pytest.mark.parametrize("cores, argv, nice", [(2, [], 5), (8, [], 0), (2, ["--support-nice", "0"], 0)])
+def test_support_processes_yield_the_cores_to_workers_on_a_small_machine(cores, argv, nice):
+    args = parse(*argv)
+    resolve_layout(args, num_cores=cores)
+    specs = plan_services(args, "/m", "nats://n", "redis://r")
+    assert {s.nice for s in specs if s.kind == "worker"} == {0}
+    assert {s.nice for s in specs if s.kind != "worker"} == {nice}

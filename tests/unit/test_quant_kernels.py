@@ -59,12 +59,24 @@ def test_bad_shapes_and_settings_are_refused():
 
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
-@pytest.mark.parametrize("rows", [1, 3, 8, 13])  # one pass of each width, and a pass plus a remainder
-def test_cpu_kernel_matches_the_reference(kernel, bits, group_size, rows):
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 40])  # one pass or tile of each width, and a remainder
+@pytest.mark.parametrize("path", ["registers", "tiled"])
+def test_cpu_kernel_matches_the_reference(kernel, bits, group_size, rows, path):
     gen = torch.Generator().manual_seed(bits * 1000 + group_size + rows)
     w, x = torch.randn(70, 384, generator=gen), torch.randn(rows, 384, generator=gen)  # 70: a partial block
     qw = quantize(w, bits, group_size)
-    torch.testing.assert_close(cpu_quant_matmul(x, pack_for_cpu(qw)), quant_matmul_ref(x, qw), atol=2e-4, rtol=1e-5)
+    tiled_from_rows = 1 if path == "tiled" else rows + 1
+    out = cpu_quant_matmul(x, pack_for_cpu(qw), tiled_from_rows)
+    torch.testing.assert_close(out, quant_matmul_ref(x, qw), atol=2e-4, rtol=1e-5)
+
+
+def test_both_cpu_kernel_paths_give_the_same_sums(kernel):
+    """The path a batch's size picks must not change its rows' logits (greedy text stays put): for rows that
+    fill whole register passes both paths add the same products in the same order."""
+    gen = torch.Generator().manual_seed(11)
+    packed = pack_for_cpu(quantize(torch.randn(96, 256, generator=gen), 4, 32))
+    x = torch.randn(16, 256, generator=gen)
+    assert torch.equal(cpu_quant_matmul(x, packed, 1), cpu_quant_matmul(x, packed, 10**9))
 
 
 def test_cpu_kernel_applies_int4_offsets(kernel):

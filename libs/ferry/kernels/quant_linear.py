@@ -9,6 +9,8 @@ else, and 'torch', the plain-torch reference, which dequantizes the whole weight
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ferry.kernels.cpu_decode import kernel, kernel_built
@@ -40,12 +42,27 @@ def quant_matmul(
     return quant_matmul_ref(x, qw, bias)
 
 
-def cpu_quant_matmul(x: torch.Tensor, packed: CpuPacked) -> torch.Tensor:
+TILED_FROM_ROWS = int(os.environ.get("FERRY_QUANT_TILED_FROM_ROWS", "8"))
+"""From this many rows of x on, the C++ kernel dequantizes each weight block once into an fp32 buffer and
+multiplies all rows with it (a register-blocked GEMM); below, it dequantizes in registers per pass of a few
+rows (fewer bytes touched: what a memory-bound decode step at batch 1-7 wants; measured crossover ~8 rows
+on the AVX2 box). FERRY_QUANT_TILED_FROM_ROWS, read once at import, moves it (benchmarks: a huge value
+keeps the register passes for every batch)."""
+
+
+def cpu_quant_matmul(x: torch.Tensor, packed: CpuPacked, tiled_from_rows: int = TILED_FROM_ROWS) -> torch.Tensor:
     """The C++ kernel: x [M, K] fp32 -> [M, N] fp32."""
     if kernel() is None:
         raise RuntimeError("the C++ CPU kernels could not be built (see the warning logged above)")
     return torch.ops.ferry_cpu.quant_linear(
-        x.contiguous(), packed.codes, packed.scales, packed.offsets, packed.bits, packed.group_size, packed.out_features
+        x.contiguous(),
+        packed.codes,
+        packed.scales,
+        packed.offsets,
+        packed.bits,
+        packed.group_size,
+        packed.out_features,
+        tiled_from_rows,
     )
 
 

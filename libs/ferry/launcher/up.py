@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -30,6 +31,8 @@ STOP_GRACE_S = 10.0
 SMALL_MACHINE_CORES = 4
 """Up to this many cores, `--layout auto` runs one worker that prefills and decodes: two model
 processes would fight over the cores, and every sequence's KV would cross Redis for nothing."""
+SUPPORT_NICE = 5
+"""--support-nice default on small machines."""
 POLL_S = 0.2
 
 
@@ -46,6 +49,8 @@ class ServiceSpec:
     env: dict[str, str] = field(default_factory=dict)
     """FERRY_* variables on top of this process's environment."""
     worker_id: str = ""
+    nice: int = 0
+    """Added to the process's niceness: the gateway, balancers and kvcache yield the cores to workers."""
 
 
 @dataclass(slots=True)
@@ -131,6 +136,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="CPU threads per worker; default: $OMP_NUM_THREADS if set, else the cores shared out among "
         "the workers (at least 1 each), so their threads never outnumber the cores",
     )
+    parser.add_argument(
+        "--support-nice",
+        type=int,
+        help="niceness added to the gateway, balancers and kvcache, so that on a busy CPU the workers' "
+        f"OpenMP teams are preempted less (default {SUPPORT_NICE} on <= {SMALL_MACHINE_CORES} cores, else 0)",
+    )
     parser.add_argument("--run-dir", type=Path, help="logs and the demo model (default: a new temp folder)")
     parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for readiness")
 
@@ -198,6 +209,8 @@ def resolve_layout(args: argparse.Namespace, num_cores: int | None = None) -> No
     args.decode_workers = 1 if args.decode_workers is None else args.decode_workers
     if min(args.prefill_workers, args.decode_workers, args.workers) < 1:
         raise SystemExit("ferry up: --workers, --prefill-workers and --decode-workers must be >= 1")
+    if getattr(args, "support_nice", None) is None:
+        args.support_nice = SUPPORT_NICE if num_cores <= SMALL_MACHINE_CORES else 0
     if args.torch_threads is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
         args.torch_threads = int(os.environ["OMP_NUM_THREADS"])  # the caller's choice, as before --torch-threads
     if args.torch_threads is None:
@@ -238,13 +251,16 @@ def plan_services(args: argparse.Namespace, model_dir: Path, nats_url: str, redi
             worker_id = f"{role}-{i}-{tag}"
             env = {**common, **worker_env, "FERRY_ROLE": role, "FERRY_WORKER_ID": worker_id}
             specs.append(ServiceSpec(f"worker-{role}-{i}", "worker", env, worker_id=worker_id))
+    nice = getattr(args, "support_nice", 0) or 0
+    for spec in specs:
+        spec.nice = 0 if spec.worker_id else nice
     gateway_env = {
         **common,
         "FERRY_HTTP_HOST": args.host,
         "FERRY_HTTP_PORT": str(args.port),
         "FERRY_GATEWAY_ID": f"gateway-{tag}",
     }
-    specs.append(ServiceSpec("gateway", "gateway", gateway_env))
+    specs.append(ServiceSpec("gateway", "gateway", gateway_env, nice=nice))
     return specs
 
 
@@ -265,9 +281,15 @@ def spawn(spec: ServiceSpec, run_dir: Path) -> Child:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: Ctrl-C reaches us only, and we stop it in order
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=functools.partial(_prepare_child, spec.nice) if sys.platform == "linux" else None,
         )
     return Child(spec, process, log_path)
+
+
+def _prepare_child(nice: int) -> None:
+    if nice:
+        os.nice(nice)
+    _die_with_parent()
 
 
 def _die_with_parent() -> None:

@@ -31,9 +31,15 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     requests = burst.read_prompts(args.prompts)
-    engine = LLMEngine.from_model_path(
-        str(args.model), EngineConfig(max_num_seqs=args.max_num_seqs, num_kv_blocks=4096)
+    from ferry_services.worker.settings import WorkerSettings
+
+    worker = WorkerSettings.model_fields  # the KV pool `ferry up`'s worker gets, so both sides hold the same
+    config = EngineConfig(
+        max_num_seqs=args.max_num_seqs,
+        num_kv_blocks=worker["num_kv_blocks"].default,
+        host_cache_blocks=worker["host_kv_blocks"].default,
     )
+    engine = LLMEngine.from_model_path(str(args.model), config)
     warm = SamplingParams(max_tokens=4, temperature=0.0)
     engine.add_request("warm", requests[0].prompt_token_ids[:16], warm)
     while engine.has_unfinished_requests():

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace {
 
@@ -197,10 +198,113 @@ void run(const Packed& p, const float* x, int64_t m_rows, int64_t n, float* out)
   });
 }
 
+// Many rows (prefill, large decode batches): a register pass holds only kMaxRows rows (2 for int4 on AVX2),
+// so every weight was dequantized M/2 times. Here a thread dequantizes its block once into an fp32 buffer
+// (panel-major: [panels, K, panel width], L2-resident) and a register-blocked GEMM reads it for all M
+// rows: 6 rows x 2 vectors of accumulators (the usual AVX2 6x16 tile: 12 accumulators, 2 weight vectors,
+// 1 broadcast), rows outermost so a row group's x stays in L1 across the block's panels. Per k and row
+// the sum is one FMA into one accumulator, as in block_pass with kSplit 1: the same results bit for bit.
+template <int kBits>
+struct Tile {
+  static constexpr int kPanelVecs = std::min(2, Layout<kBits>::kVecs);
+  static constexpr int kPanelCols = kPanelVecs * kLanes;
+  static constexpr int kPanels = Layout<kBits>::kCols / kPanelCols;
+  static constexpr int kRows = 12 / kPanelVecs;
+};
+
+template <int kBits, int kG>
+void dequant_block(const Packed& p, int64_t block, float* w) {
+  constexpr int kCols = Layout<kBits>::kCols, kVecs = Layout<kBits>::kVecs, kPV = Tile<kBits>::kPanelVecs;
+  const int64_t groups = p.k / kG;
+  const uint8_t* codes = p.codes + block * p.k * kCodeBytes;
+  const float* scales = p.scales + block * groups * kCols;
+  const float* offsets = kBits == 4 ? p.offsets + block * groups * kCols : nullptr;
+  for (int64_t g = 0; g < groups; ++g) {
+    vecf scale[kVecs], offset[kVecs];
+    for (int c = 0; c < kVecs; ++c) {
+      scale[c] = loadv(scales + g * kCols + c * kLanes);
+      if constexpr (kBits == 4) offset[c] = loadv(offsets + g * kCols + c * kLanes);
+    }
+    for (int64_t k = g * kG; k < (g + 1) * kG; ++k) {
+      vecf v[kVecs];
+      dequant_row<kBits>(codes + k * kCodeBytes, scale, offset, v);
+      for (int c = 0; c < kVecs; ++c)
+        storev(w + (c / kPV) * p.k * Tile<kBits>::kPanelCols + k * Tile<kBits>::kPanelCols + (c % kPV) * kLanes, v[c]);
+    }
+  }
+}
+
+// out[m, :valid] = x[m] . panel for kRows rows (x stride k, out stride n); panel [k, kPV * kLanes].
+template <int kPV, int kRows>
+inline void panel_rows(const float* panel, const float* x, int64_t k, float* out, int64_t n, int64_t valid) {
+  vecf acc[kRows][kPV];
+  for (int m = 0; m < kRows; ++m)
+    for (int c = 0; c < kPV; ++c) acc[m][c] = vecf{};
+  for (int64_t kk = 0; kk < k; ++kk) {
+    vecf w[kPV];
+    for (int c = 0; c < kPV; ++c) w[c] = loadv(panel + kk * kPV * kLanes + c * kLanes);
+#pragma GCC unroll 12
+    for (int m = 0; m < kRows; ++m) {
+      const vecf xb = splat(x[m * k + kk]);
+      for (int c = 0; c < kPV; ++c) acc[m][c] = fma(xb, w[c], acc[m][c]);
+    }
+  }
+  for (int m = 0; m < kRows; ++m) {
+    float row[kPV * kLanes];
+    for (int c = 0; c < kPV; ++c) storev(row + c * kLanes, acc[m][c]);
+    std::copy(row, row + valid, out + m * n);
+  }
+}
+
+template <int kBits, int kG>
+void run_tiled(const Packed& p, const float* x, int64_t m_rows, int64_t n, float* out) {
+  using T = Tile<kBits>;
+  constexpr int kCols = Layout<kBits>::kCols, kPV = T::kPanelVecs, kMax = T::kRows;
+  const int64_t blocks = (n + kCols - 1) / kCols;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> w(p.k * kCols);
+    for (int64_t block = begin; block < end; ++block) {
+      dequant_block<kBits, kG>(p, block, w.data());
+      for (int64_t m = 0; m < m_rows; m += kMax) {
+        for (int panel = 0; panel < T::kPanels; ++panel) {
+          const int64_t col = block * kCols + panel * T::kPanelCols;
+          const int64_t valid = std::min<int64_t>(T::kPanelCols, n - col);
+          if (valid <= 0) break;
+          const float* wp = w.data() + panel * p.k * T::kPanelCols;
+          const float* xm = x + m * p.k;
+          float* om = out + m * n + col;
+          switch (std::min<int64_t>(kMax, m_rows - m)) {
+#define FERRY_TILE_CASE(R)                                                     \
+  case R:                                                                      \
+    if constexpr (R <= kMax) panel_rows<kPV, R>(wp, xm, p.k, om, n, valid); \
+    break;
+            FERRY_TILE_CASE(1)
+            FERRY_TILE_CASE(2)
+            FERRY_TILE_CASE(3)
+            FERRY_TILE_CASE(4)
+            FERRY_TILE_CASE(5)
+            FERRY_TILE_CASE(6)
+            FERRY_TILE_CASE(7)
+            FERRY_TILE_CASE(8)
+            FERRY_TILE_CASE(9)
+            FERRY_TILE_CASE(10)
+            FERRY_TILE_CASE(11)
+            FERRY_TILE_CASE(12)
+#undef FERRY_TILE_CASE
+            default: TORCH_INTERNAL_ASSERT(false);
+          }
+        }
+      }
+    }
+  });
+}
+
 // x [M, K] fp32 contiguous; codes, scales, offsets in the packed layout above (offsets: int4 only, else an
-// empty tensor); n: the real output columns (the packed blocks may be padded) -> [M, n] fp32.
+// empty tensor); n: the real output columns (the packed blocks may be padded) -> [M, n] fp32. From
+// tiled_from_rows rows on, the dequantize-once path (run_tiled), else register passes (run).
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
-                        const at::Tensor& offsets, int64_t bits, int64_t group_size, int64_t n) {
+                        const at::Tensor& offsets, int64_t bits, int64_t group_size, int64_t n,
+                        int64_t tiled_from_rows) {
   TORCH_CHECK_VALUE(bits == 8 || bits == 4, "bits: ", bits, ", expected 8 or 4");
   TORCH_CHECK_VALUE(group_size == 32 || group_size == 64 || group_size == 128, "group_size: ", group_size);
   TORCH_INTERNAL_ASSERT(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat);
@@ -218,8 +322,10 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::
                  bits == 4 ? offsets.data_ptr<float>() : nullptr, k};
   const float* xd = x.data_ptr<float>();
   float* od = out.data_ptr<float>();
-#define FERRY_QUANT_CASE(B, G) \
-  if (bits == B && group_size == G) return run<B, G>(p, xd, m_rows, n, od), out;
+  const bool tiled = m_rows >= tiled_from_rows;
+#define FERRY_QUANT_CASE(B, G)                                                                          \
+  if (bits == B && group_size == G)                                                                     \
+    return (tiled ? run_tiled<B, G>(p, xd, m_rows, n, od) : run<B, G>(p, xd, m_rows, n, od)), out;
   FERRY_QUANT_CASE(8, 32)
   FERRY_QUANT_CASE(8, 64)
   FERRY_QUANT_CASE(8, 128)
@@ -234,6 +340,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::
 
 TORCH_LIBRARY_FRAGMENT(ferry_cpu, m) {
   m.def(
-      "quant_linear(Tensor x, Tensor codes, Tensor scales, Tensor offsets, int bits, int group_size, int n) -> Tensor",
+      "quant_linear(Tensor x, Tensor codes, Tensor scales, Tensor offsets, int bits, int group_size, int n, "
+      "int tiled_from_rows) -> Tensor",
       &quant_linear);
 }

@@ -1,0 +1,73 @@
+"""Where the in-process engine's burst time goes: wall time per step class (steps with prefill tokens,
+decode steps of > 8 sequences, the tail of <= 8), and with `ops` torch.profiler's per-op shares (of the
+whole burst) or `decode-ops` (of the decode steps of > 8 sequences only).
+
+    /work/tools/cpu-bench python ops/bench/throughput/steps.py smollm2 [steps|ops|decode-ops]
+    FERRY_QUANT_TILED_FROM_ROWS=1000000000 ...   # the quant kernel's register passes only (A/B)
+
+The engine gets `ferry up`'s worker KV pool (1024 blocks), the burst is run.py's (seed 0).
+"""
+
+import collections
+import sys
+import time
+
+import torch
+
+from ferry.bench.throughput import burst
+from ferry.engine import EngineConfig, LLMEngine
+from ferry.model.config import read_config
+from ferry.model.source import resolve_model
+from ferry.protocol import SamplingParams
+
+TAIL_SEQS = 8
+
+
+def step_class(num_seqs: int, num_prefill_tokens: int) -> str:
+    if num_prefill_tokens:
+        return "prefill"
+    return f"decode>{TAIL_SEQS}" if num_seqs > TAIL_SEQS else f"decode<={TAIL_SEQS}"
+
+
+def main() -> None:
+    model = str(resolve_model(sys.argv[1]))
+    mode = sys.argv[2] if len(sys.argv) > 2 else "steps"
+    engine = LLMEngine.from_model_path(model, EngineConfig(max_num_seqs=64, num_kv_blocks=1024))
+    requests = burst.burst_requests(read_config(model).vocab_size)
+    engine.add_request("warm", requests[0].prompt_token_ids[:16], SamplingParams(max_tokens=4, temperature=0.0))
+    while engine.has_unfinished_requests():
+        engine.step()
+    for r in requests:
+        engine.add_request(str(r.index), r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.0))
+    classes: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0])  # steps, ms, tokens
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if mode != "steps" else None
+    if profiler and mode == "ops":
+        profiler.start()
+    num_out, start, profiling, done = 0, time.perf_counter(), mode == "ops", False
+    while engine.has_unfinished_requests():
+        num_out += sum(len(o.new_token_ids) for o in engine.step())
+        s = engine.last_step
+        assert s is not None
+        kind = step_class(s.num_seqs, s.num_prefill_tokens)
+        if profiler and mode == "decode-ops" and kind == f"decode>{TAIL_SEQS}" and not profiling and not done:
+            profiling = True  # after the prefills the batch only shrinks: the large decode steps run in one stretch
+            profiler.start()
+        elif profiler and profiling and mode == "decode-ops" and kind != f"decode>{TAIL_SEQS}":
+            profiling, done = False, True
+            profiler.stop()
+        c = classes[kind]
+        c[0] += 1
+        c[1] += s.duration_ms
+        c[2] += s.num_prefill_tokens or s.num_seqs
+    wall = time.perf_counter() - start
+    if profiler and profiling:
+        profiler.stop()
+    print(f"wall {wall:.2f} s, {num_out} tokens, {num_out / wall:.1f} tok/s")
+    for name, (steps, ms, tokens) in classes.items():
+        print(f"  {name:10s} steps {steps:4.0f} {ms / 1000:6.2f} s ({ms / 10 / wall:4.1f}%) tokens {tokens:.0f}")
+    if profiler:
+        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=40))
+
+
+if __name__ == "__main__":
+    main()
