@@ -10,8 +10,9 @@ sizes every rank knows, no counts round trip, one collective; the receiver sums 
 experts, so the combine returns one row per token as well. Without the counts (or when padding
 would cost too much) the per-slot counts go first, then exactly the (token, expert) rows. `steps`
 is a generator that yields right after each launch, so a driver can run another micro-batch's
-compute before it waits; what needs no other rank fills the windows: this rank's experts on its
-own tokens (the dispatch's), the shared experts (the combine's). `forward` just runs it through.
+compute before it waits; what needs no other rank fills the windows: the shared experts the
+combine's, and in the counted exchange this rank's experts on its own rows the rows'. `forward`
+just runs it through.
 """
 
 from __future__ import annotations
@@ -128,10 +129,10 @@ class ExpertParallelMoE(nn.Module):
     ) -> Generator[None, None, tuple[torch.Tensor, torch.Tensor | None]]:
         """x [T, hidden], phys/weights [T, k] -> (routed output [T, hidden], shared experts' output).
         Dispatch: to each other rank all T rows tagged (ep_layout.tag_rows); its sizes are every
-        rank's token count, known to all. While it travels, this rank's experts run on its own
-        assignments. The receiver runs its experts on the tagged assignments and sums each token's
-        weighted outputs, so the combine returns one row per token too (the shared experts in its
-        window); each token's output is the sum of the ranks' partial sums in rank order."""
+        rank's token count, known to all, and its window is the other micro-batch's attention. The
+        receiver runs its experts on the tagged assignments and its own in one pass and sums each
+        token's weighted outputs, so the combine returns one row per token too (the shared experts
+        in its window); each token's output is the sum of the ranks' partial sums in rank order."""
         num_ranks, num_slots = self.placement.ep_size, self.placement.slots_per_rank
         others = [r for r in range(num_ranks) if r != self.rank]
         dest, local = phys // num_slots, phys % num_slots  # [T, k] each
@@ -145,10 +146,17 @@ class ExpertParallelMoE(nn.Module):
         recv_splits = [0 if r == self.rank else peer_tokens[r] for r in range(num_ranks)]
         received = sent.new_empty(sum(recv_splits), sent.shape[1])
         dispatch = self._launch(received, sent, recv_splits, send_splits)
-        own = self._weighted_experts(x, local.masked_fill(dest != self.rank, -1), weights)
         yield
         self._wait(dispatch, "dispatch")
-        computed = self._weighted_experts(*ep_layout.untag_rows(received, x.shape[1], phys.shape[1]))
+        # this rank's own assignments join the received ones: one pass over its experts' weights
+        # (two passes cost twice the weight reads, what a decode-sized step is bound by)
+        received_x, received_slots, received_weights = ep_layout.untag_rows(received, x.shape[1], phys.shape[1])
+        both = self._weighted_experts(
+            torch.cat([x, received_x]),
+            torch.cat([local.masked_fill(dest != self.rank, -1), received_slots]),
+            torch.cat([weights.float(), received_weights]),
+        )
+        own, computed = both[: len(x)], both[len(x) :]
         back = x.new_empty(len(sent), x.shape[1])
         combine = self._launch(back, computed, send_splits, recv_splits)
         shared = self._shared(x)
