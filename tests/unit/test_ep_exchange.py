@@ -30,17 +30,18 @@ def test_slot_major_rows_put_every_sources_rows_of_a_slot_together():
     assert ends.tolist() == [3, 6, 7]
 
 
-def test_padded_positions_skip_each_blocks_header():
-    assert ep_layout.padded_positions(torch.tensor([2, 0, 3]), 4).tolist() == [1, 2, 9, 10, 11]
+def test_tagged_rows_carry_slots_and_weights_bit_exact_in_any_dtype():
+    x = torch.arange(12, dtype=torch.bfloat16).view(3, 4)
+    slots = torch.tensor([[[0, -1], [70000, 1], [-1, -1]]])  # [blocks, T, k]
+    weights = torch.tensor([[0.1, 2.5], [1e-30, -3.0], [0.0, 7.0]])
+    rows, got_slots, got_weights = ep_layout.untag_rows(ep_layout.tag_rows(x, slots, weights), 4, 2)
+    assert torch.equal(rows, x) and got_slots.tolist() == slots[0].tolist()
+    assert torch.equal(got_weights, weights)
 
 
-def test_header_rows_carry_counts_bit_exact_in_any_dtype():
-    rows = torch.zeros(2, 8, dtype=torch.bfloat16)
-    ep_layout.header_view(rows, 3).copy_(torch.tensor([[70000, 1, 0], [5, 257, 3]]))
-    assert ep_layout.header_view(rows.clone(), 3).tolist() == [[70000, 1, 0], [5, 257, 3]]
-
-
-def _moe() -> MoE:
+def _moe(favoured: tuple[int, ...] = ()) -> MoE:
+    """A 1-layer MoE: 8 experts in 4 groups of 2, top-3 of 2 groups; `favoured` experts get a large
+    score-correction bias, so every token picks them (and stays in their groups)."""
     cfg = ModelConfig(
         arch="deepseek_v3", vocab_size=8, hidden_size=HIDDEN, num_layers=1, num_heads=1, num_kv_heads=1,
         head_dim=8, intermediate_size=8, max_position_embeddings=8, kv_lora_rank=8, qk_nope_head_dim=8,
@@ -52,23 +53,27 @@ def _moe() -> MoE:
     with torch.no_grad():
         for param in moe.parameters():
             param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+        moe.gate.e_score_correction_bias.zero_()
+        moe.gate.e_score_correction_bias[list(favoured)] = 10.0
     return moe
 
 
-def _rank(rank: int, address: GroupAddress, slots: tuple, tokens: list[int], failures) -> None:
+def _rank(rank: int, address: GroupAddress, slots: tuple, tokens: list[int], favoured: tuple, failures) -> None:
     from ferry.model import moe_ep
 
     torch.set_num_threads(1)
     init_group(address, rank, 2, "cpu")
     try:
-        moe = _moe()
+        moe = _moe(favoured)
         x = torch.randn(tokens[rank], HIDDEN, generator=torch.Generator().manual_seed(10 + rank))
         expected = moe(x)
         layer = moe_ep.ExpertParallelMoE(moe, ExpertPlacement(8, slots), rank)
         counted = layer(x)  # no token counts given: counts first
+        layer.computed_tokens = 0
         padded = moe_ep.run_to_end(layer.steps(x, tokens))
+        padded_computed = layer.computed_tokens
         both_halves = _interleaved(layer, x, tokens)  # two micro-batches overlapped, padded
-        moe_ep.PADDED_EXCHANGE_MAX_BYTES = 0  # the same counts, but too big to pad: counts first
+        moe_ep.PADDED_EXCHANGE_MAX_RANKS_PER_TOP_K = moe_ep.PADDED_EXCHANGE_MAX_BYTES = 0  # too big: counts first
         counted_too = moe_ep.run_to_end(layer.steps(x, tokens))
         both_halves_counted = _interleaved(layer, x, tokens)
         results = dict(counted=counted, padded=padded, counted_too=counted_too)
@@ -76,8 +81,21 @@ def _rank(rank: int, address: GroupAddress, slots: tuple, tokens: list[int], fai
         for name, got in results.items():
             if not torch.allclose(got, expected, atol=1e-5, rtol=1e-5):
                 failures.put(f"rank {rank}, {name}: max error {(got - expected).abs().max()}")
+        has_copies = sum(map(len, slots)) > 8
+        if not has_copies and padded_computed != _assignments_on(rank, moe, slots, tokens):
+            failures.put(f"rank {rank}: its experts computed {padded_computed} rows in the padded exchange")
     finally:
         leave_group()
+
+
+def _assignments_on(rank: int, moe: MoE, slots: tuple, tokens: list[int]) -> int:
+    """(token, expert) assignments of every rank's tokens that land on `rank` (no copies in slots)."""
+    total = 0
+    for source, count in enumerate(tokens):
+        x = torch.randn(count, HIDDEN, generator=torch.Generator().manual_seed(10 + source))
+        ids, _ = moe.gate(x)
+        total += int(torch.isin(ids, torch.tensor(slots[rank])).sum())
+    return total
 
 
 def _interleaved(layer, x: torch.Tensor, tokens: list[int]) -> torch.Tensor:
@@ -90,16 +108,36 @@ def _interleaved(layer, x: torch.Tensor, tokens: list[int]) -> torch.Tensor:
     return torch.cat(interleave([layer.steps(x[:cut], first), layer.steps(x[cut:], second)]))
 
 
-@pytest.mark.parametrize(
-    "slots",
-    [((0, 1, 2, 3), (4, 5, 6, 7)), ((0, 1, 2, 3, 4, 5), (4, 5, 6, 7, 0, 1))],
-    ids=["contiguous", "copies"],
-)
-@pytest.mark.parametrize("tokens", [[5, 9], [7, 0]], ids=["uneven", "one-idle"])
-def test_both_dispatches_give_what_the_whole_moe_gives(slots, tokens):
+def _run_pair(slots: tuple, tokens: list[int], favoured: tuple = ()) -> list[str]:
     failures = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_rank, args=(GroupAddress.free_local(), slots, tokens, failures), nprocs=2)
+    mp.spawn(_rank, args=(GroupAddress.free_local(), slots, tokens, favoured, failures), nprocs=2)
     reported = []
     while not failures.empty():
         reported.append(failures.get())
-    assert reported == []
+    return reported
+
+
+CONTIGUOUS = ((0, 1, 2, 3), (4, 5, 6, 7))
+
+
+@pytest.mark.parametrize("slots", [CONTIGUOUS, ((0, 1, 2, 3, 4, 5), (4, 5, 6, 7, 0, 1))], ids=["contiguous", "copies"])
+@pytest.mark.parametrize("tokens", [[5, 9], [7, 0]], ids=["uneven", "one-idle"])
+def test_both_dispatches_give_what_the_whole_moe_gives(slots, tokens):
+    assert _run_pair(slots, tokens) == []
+
+
+def test_a_rank_no_token_picks_receives_only_untagged_rows_and_computes_nothing():
+    """Experts 0-3 (rank 0's) favoured: rank 1 is sent every token, none with an assignment there."""
+    moe = _moe(favoured=(0, 1, 2, 3))
+    ids, _ = moe.gate(torch.randn(64, HIDDEN))
+    assert bool((ids < 4).all()), "the bias keeps every token on rank 0's experts"
+    assert _run_pair(CONTIGUOUS, [6, 9], favoured=(0, 1, 2, 3)) == []
+
+
+def test_every_token_on_every_rank_fills_the_padded_blocks_and_still_matches():
+    """Experts 0 and 4 favoured: every token has an expert on both ranks, so every padded row is real
+    (the size bound is hit)."""
+    moe = _moe(favoured=(0, 4))
+    ids, _ = moe.gate(torch.randn(64, HIDDEN))
+    assert bool(((ids < 4).any(1) & (ids >= 4).any(1)).all()), "every token picks experts on both ranks"
+    assert _run_pair(CONTIGUOUS, [6, 9], favoured=(0, 4)) == []

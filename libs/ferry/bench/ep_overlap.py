@@ -10,8 +10,13 @@ Prefill: each rank prefills --prefill-seqs prompts of --prefill-len tokens in on
 each rank decodes --decode-seqs sequences. The modes take turns (--rounds rounds of --steps steps
 each), all in one run. Communication time is the time a rank is blocked in its collectives: wait()
 on the all-to-alls and the step's all-gather of token counts (host-blocking on gloo); hidden =
-1 - blocked(overlap) / blocked(sequential), over the run and per round. Writes overlap.json
-(summary, per-step raw samples) and overlap.png.
+1 - blocked(overlap) / blocked(sequential), over the run and per round. A rank whose experts got
+fewer tokens also waits, for the busier one, in its collectives: the expert load's max/mean over
+the ranks is reported beside, and so is the exposed communication: per collective, the wait of
+the rank that waited least (the last to arrive waits for the transfer only, not for a late peer),
+summed over the step's collectives; --eplb N first places the experts by EPLB from N prefill steps'
+routing (one spare slot per rank for copies). Writes overlap.json (summary, per-step raw samples)
+and overlap.png.
 On CUDA (NCCL, one GPU per rank, so >= 2 GPUs: ops/bench/ep/overlap_gpu.sh) wait() only orders
 streams and does not block the host: steps are timed with a device synchronize and only step
 times and their ratios are reported; the hidden fractions are null there.
@@ -33,8 +38,10 @@ import torch.multiprocessing as mp
 from ferry.bench.plots import pyplot, save_figure
 from ferry.engine.config import EngineConfig
 from ferry.model.make_model import make_model
+from ferry.parallel.eplb import EplbConfig
 from ferry.parallel.lockstep import GroupAddress, init_group, leave_group, load_rank_engine
 from ferry.parallel.overlap import MODES
+from ferry.parallel.rebalance import Rebalancer
 from ferry.parallel.shard import expert_parallel_layers
 from ferry.protocol import SamplingParams
 
@@ -44,14 +51,16 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _timed_step(engine, layers, device: str) -> tuple[float, float, dict[str, float]]:
+def _timed_step(engine, layers, device: str) -> tuple[float, float, dict[str, float], int, list[float]]:
     """-> (step seconds, seconds blocked in collectives: the layers' all-to-alls and the runner's
-    all-gather of token counts, those seconds by collective), after a barrier aligns the ranks."""
+    all-gather of token counts, those seconds by collective, (token, expert) rows this rank's
+    experts computed, the seconds of every wait in the order every rank waits), after a barrier
+    aligns the ranks."""
     dist.barrier()
     for waiter in [*layers, engine.runner]:
         waiter.comm_wait_s = 0.0
     for layer in layers:
-        layer.comm_wait_by_kind = {}
+        layer.comm_wait_by_kind, layer.comm_waits, layer.computed_tokens = {}, [], 0
     start = time.perf_counter()
     engine.step()
     _sync(device)
@@ -60,23 +69,42 @@ def _timed_step(engine, layers, device: str) -> tuple[float, float, dict[str, fl
     for layer in layers:
         for kind, waited in layer.comm_wait_by_kind.items():
             by_kind[kind] = by_kind.get(kind, 0.0) + waited
-    return elapsed, sum(waiter.comm_wait_s for waiter in [*layers, engine.runner]), by_kind
+    blocked = sum(waiter.comm_wait_s for waiter in [*layers, engine.runner])
+    waits = [engine.runner.comm_wait_s] + [waited for layer in layers for waited in layer.comm_waits]
+    return elapsed, blocked, by_kind, sum(layer.computed_tokens for layer in layers), waits
 
 
 def _prompts(rank: int, count: int, length: int, salt: int) -> list[list[int]]:
     return [[(97 * (salt + i) + 31 * j + rank) % 1900 + 50 for j in range(length)] for i in range(count)]
 
 
-def _measure_prefill(engine, layers, args, rank) -> dict[str, list]:
+def _prefill_step(engine, rank: int, args, salt: int) -> None:
     sampling = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    for i, ids in enumerate(_prompts(rank, args.prefill_seqs, args.prefill_len, salt * 1000)):
+        engine.add_request(f"p{salt}-{i}", ids, sampling)
+
+
+def _balance_experts(engine, rank: int, args) -> None:
+    """--eplb N: N prefill steps (prompts the measured steps do not use) whose routing EPLB places
+    the experts from, copies of hot ones in each rank's spare slot."""
+    config = EplbConfig(every_steps=args.eplb, window_steps=args.eplb, redundant_slots_per_rank=1)
+    rebalancer = Rebalancer(engine.lm, rank, config)
+    engine.runner.mode = "single"
+    for step in range(args.eplb):
+        _prefill_step(engine, rank, args, -1 - step)
+        dist.barrier()
+        engine.step()
+        rebalancer.after_step()
+    assert rebalancer.num_rebalances == 1
+
+
+def _measure_prefill(engine, layers, args, rank) -> dict[str, list]:
     samples: dict[str, list] = {mode: [] for mode in MODES}
     for round_ in range(args.rounds):
         for mode in MODES:
             engine.runner.mode = mode
             for step in range(args.steps):
-                salt = (round_ * len(MODES) + MODES.index(mode)) * args.steps + step
-                for i, ids in enumerate(_prompts(rank, args.prefill_seqs, args.prefill_len, salt * 1000)):
-                    engine.add_request(f"p{salt}-{i}", ids, sampling)
+                _prefill_step(engine, rank, args, (round_ * len(MODES) + MODES.index(mode)) * args.steps + step)
                 samples[mode].append(_timed_step(engine, layers, args.device))
                 assert not engine.has_unfinished_requests()
     return samples
@@ -112,7 +140,10 @@ def _rank_main(rank: int, args: argparse.Namespace, address: GroupAddress, model
         device=args.device,
         detokenize=False,
     )
-    engine = load_rank_engine(model, config, rank, args.ranks)
+    eplb = EplbConfig(redundant_slots_per_rank=1) if args.eplb else None
+    engine = load_rank_engine(model, config, rank, args.ranks, eplb=eplb)
+    if args.eplb:
+        _balance_experts(engine, rank, args)
     layers = [layer for _, layer in expert_parallel_layers(engine.lm)]
     result = {
         "prefill": _measure_prefill(engine, layers, args, rank),
@@ -126,22 +157,30 @@ def _rank_main(rank: int, args: argparse.Namespace, address: GroupAddress, model
 
 
 def _stats(per_rank: list[dict], phase: str, mode: str, steps: slice) -> dict:
-    """Median over steps of the slowest rank's step time and of the ranks' mean blocked time, in
-    all and by collective."""
-    rows = list(zip(*(rank[phase][mode][steps] for rank in per_rank)))  # per step: (time, wait, by kind) per rank
-    kinds = sorted({kind for row in rows for _, _, by_kind in row for kind in by_kind})
+    """Median over steps of the slowest rank's step time, of the ranks' mean blocked time (in all
+    and by collective) and of the ranks' expert load imbalance (max / mean rows computed)."""
+    rows = list(zip(*(rank[phase][mode][steps] for rank in per_rank)))  # per step: a sample per rank
+    kinds = sorted({kind for row in rows for sample in row for kind in sample[2]})
+
+    def median(value) -> float:
+        return statistics.median(value(row) for row in rows)
+
     return {
-        "step_ms": 1000 * statistics.median(max(t for t, _, _ in row) for row in rows),
-        "comm_blocked_ms": 1000 * statistics.median(statistics.mean(w for _, w, _ in row) for row in rows),
+        "step_ms": 1000 * median(lambda row: max(sample[0] for sample in row)),
+        "comm_blocked_ms": 1000 * median(lambda row: statistics.mean(sample[1] for sample in row)),
         "comm_blocked_ms_by_collective": {
-            kind: 1000 * statistics.median(statistics.mean(b.get(kind, 0.0) for _, _, b in row) for row in rows)
+            kind: 1000 * median(lambda row, kind=kind: statistics.mean(sample[2].get(kind, 0.0) for sample in row))
             for kind in kinds
         },
+        "exposed_comm_ms": 1000 * median(lambda row: sum(map(min, zip(*(sample[4] for sample in row))))),
+        "expert_rows_max_over_mean": median(
+            lambda row: max(sample[3] for sample in row) / max(statistics.mean(sample[3] for sample in row), 1)
+        ),
     }
 
 
-def _hidden(modes: dict) -> float:
-    return 1 - modes["overlap"]["comm_blocked_ms"] / modes["sequential"]["comm_blocked_ms"]
+def _hidden(modes: dict, measure: str = "comm_blocked_ms") -> float:
+    return 1 - modes["overlap"][measure] / modes["sequential"][measure]
 
 
 def summarise(per_rank: list[dict], device: str, steps_per_round: int) -> dict:
@@ -157,6 +196,12 @@ def summarise(per_rank: list[dict], device: str, steps_per_round: int) -> dict:
         rounds = [slice(r * steps_per_round, (r + 1) * steps_per_round) for r in range(num_rounds)]
         modes["hidden_fraction_per_round"] = (
             [_hidden({mode: _stats(per_rank, phase, mode, r) for mode in MODES}) for r in rounds]
+            if host_blocks
+            else None
+        )
+        modes["exposed_comm_hidden_fraction"] = _hidden(modes, "exposed_comm_ms") if host_blocks else None
+        modes["exposed_comm_hidden_fraction_per_round"] = (
+            [_hidden({mode: _stats(per_rank, phase, mode, r) for mode in MODES}, "exposed_comm_ms") for r in rounds]
             if host_blocks
             else None
         )
@@ -192,7 +237,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     for name, default in dict(
         ranks=2, prefill_seqs=4, prefill_len=128, decode_seqs=32, decode_context=64, rounds=4, steps=5,
-        kv_blocks=256, torch_threads=1,
+        kv_blocks=256, torch_threads=1, eplb=0,
     ).items():  # fmt: skip
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     args = parser.parse_args()

@@ -3,14 +3,16 @@ the shared experts. Tokens go to the ranks holding their experts and come back b
 
 One layer's communication: the dispatch sends each token to the ranks holding its experts, the
 combine brings the experts' outputs back to where the token lives (all_to_all_single, async_op=True).
-A receiver must know how many rows come before it can post the dispatch: given every rank's token
-count of this micro-batch (one small all-gather per step, by the runner), a small dispatch pads
-each block to a bound both sides know and carries the counts in a header row, one collective;
-otherwise the per-slot counts go first, then exactly the rows (two). `steps` is a generator that
-yields right after each launch, so a driver can run another micro-batch's compute before it waits;
-what needs no other rank fills the windows no other micro-batch's big compute covers: the exact
-rows' (this rank's experts on its own rows) and the combine's (shared experts). `forward` just runs
-it through.
+A receiver must know how many rows come before it can post the dispatch. Given every rank's token
+count of this micro-batch (one small all-gather per step, by the runner), each rank sends every
+other rank its whole micro-batch, one row per token tagged with the token's slots and weights there:
+sizes every rank knows, no counts round trip, one collective; the receiver sums each token's
+experts, so the combine returns one row per token as well. Without the counts (or when padding
+would cost too much) the per-slot counts go first, then exactly the (token, expert) rows. `steps`
+is a generator that yields right after each launch, so a driver can run another micro-batch's
+compute before it waits; what needs no other rank fills the windows: the shared experts the
+combine's, and in the counted exchange this rank's experts on its own rows the rows'. `forward`
+just runs it through.
 """
 
 from __future__ import annotations
@@ -30,15 +32,15 @@ from ferry.model.moe import MoE, Router
 from ferry.parallel.placement import ExpertPlacement
 
 Steps = Generator[None, None, torch.Tensor]
-Exchange = Generator[
-    None, None, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
-]
-"""A dispatch: yields at its launches; -> (counts received [n, S], rows received, where each
-source's block of rows starts, the shared experts' output if it computed them, this rank's experts'
-output on the rows it sent itself if it computed them, in the order sent)."""
+Exchange = Generator[None, None, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+"""The counted dispatch: yields at its launches; -> (counts received [n, S], rows received, this
+rank's experts' output on the rows it sent itself, in the order sent)."""
 
+PADDED_EXCHANGE_MAX_RANKS_PER_TOP_K = 1.0
+"""The padded exchange whatever its size while ep_size <= this * top_k (it sends no more rows than
+the exact one then)."""
 PADDED_EXCHANGE_MAX_BYTES = 1 << 20
-"""Largest padded dispatch (all blocks, one rank's view) sent as one all-to-all with its counts."""
+"""Beyond that, the padded exchange while one rank's padded dispatch is at most this big."""
 
 
 def run_to_end(steps: Generator[None, None, Any]) -> Any:
@@ -60,7 +62,10 @@ class ExpertParallelMoE(nn.Module):
         self.comm_wait_s = 0.0
         """Seconds this layer spent blocked in wait() on its all-to-alls."""
         self.comm_wait_by_kind: dict[str, float] = {}
-        """The same seconds by collective: counts, dispatch (rows, or padded rows + header), combine."""
+        """The same seconds by collective: counts, dispatch (exact rows, or padded tagged rows), combine."""
+        self.comm_waits: list[float] = []
+        """The same seconds, one per wait() in order (every rank waits on the same collectives in
+        the same order, so the i-th entries of two ranks are the same collective)."""
         self.expert_tokens = torch.zeros(placement.num_experts, dtype=torch.int64)
         """Tokens routed to each logical expert from this rank since the last reset (for EPLB)."""
         self.computed_tokens = 0
@@ -93,60 +98,119 @@ class ExpertParallelMoE(nn.Module):
 
     def steps(self, x: torch.Tensor, peer_tokens: list[int] | None = None) -> Steps:
         """x [T, hidden] -> [T, hidden]; yields after each all-to-all launch. peer_tokens: this
-        micro-batch's token count on every rank (the same list everywhere); with it, a small exchange
-        sends counts and tokens in one padded all-to-all instead of two (see _capacities)."""
-        num_ranks, num_slots = self.placement.ep_size, self.placement.slots_per_rank
+        micro-batch's token count on every rank (the same list everywhere); with it, the exchange's
+        sizes are known before it starts and one padded all-to-all replaces counts-then-rows (_pads)."""
         ids, weights = self._route(x)  # [T, k] each
         top_k = ids.shape[1]
         flat = ids.flatten()  # [T*k]
         self.expert_tokens += torch.bincount(flat, minlength=self.placement.num_experts)
         phys = self._physical_slots(flat, top_k)  # [T*k] global slot of each assignment
+        if peer_tokens is not None and self._pads(peer_tokens, top_k, x):
+            routed, shared = yield from self._exchange_padded(x, phys.view_as(ids), weights, peer_tokens)
+        else:
+            routed, shared = yield from self._exchange_counted(x, phys, weights)
+        return routed if shared is None else routed + shared
+
+    def _pads(self, peer_tokens: list[int], top_k: int, x: torch.Tensor) -> bool:
+        """Padded: every rank sends every other rank its whole micro-batch (one row per token, tagged
+        with the token's slots there), so no one waits for counts first. A token has top_k
+        assignments, so the exact exchange sends up to top_k rows a token and the padded one
+        ep_size - 1: when ep_size <= top_k padding costs no more than exactness; beyond, it pays
+        only while the exchange is small (latency-bound). Every rank decides alike: the same
+        peer_tokens, the same shapes."""
+        num_ranks = self.placement.ep_size
+        if num_ranks <= PADDED_EXCHANGE_MAX_RANKS_PER_TOP_K * top_k:
+            return True
+        padded_bytes = num_ranks * max(peer_tokens) * x.shape[1] * x.element_size()
+        return padded_bytes <= PADDED_EXCHANGE_MAX_BYTES
+
+    def _exchange_padded(
+        self, x: torch.Tensor, phys: torch.Tensor, weights: torch.Tensor, peer_tokens: list[int]
+    ) -> Generator[None, None, tuple[torch.Tensor, torch.Tensor | None]]:
+        """x [T, hidden], phys/weights [T, k] -> (routed output [T, hidden], shared experts' output).
+        Dispatch: to each other rank all T rows tagged (ep_layout.tag_rows); its sizes are every
+        rank's token count, known to all, and its window is the other micro-batch's attention. The
+        receiver runs its experts on the tagged assignments and its own in one pass and sums each
+        token's weighted outputs, so the combine returns one row per token too (the shared experts
+        in its window); each token's output is the sum of the ranks' partial sums in rank order."""
+        num_ranks, num_slots = self.placement.ep_size, self.placement.slots_per_rank
+        others = [r for r in range(num_ranks) if r != self.rank]
+        dest, local = phys // num_slots, phys % num_slots  # [T, k] each
+        slots = (
+            torch.stack([local.masked_fill(dest != r, -1) for r in others])
+            if others
+            else local.new_empty(0, *local.shape)
+        )
+        sent = ep_layout.tag_rows(x, slots, weights)  # [(n-1)*T, W]
+        send_splits = [0 if r == self.rank else len(x) for r in range(num_ranks)]
+        recv_splits = [0 if r == self.rank else peer_tokens[r] for r in range(num_ranks)]
+        received = sent.new_empty(sum(recv_splits), sent.shape[1])
+        dispatch = self._launch(received, sent, recv_splits, send_splits)
+        yield
+        self._wait(dispatch, "dispatch")
+        # this rank's own assignments join the received ones: one pass over its experts' weights
+        # (two passes cost twice the weight reads, what a decode-sized step is bound by)
+        received_x, received_slots, received_weights = ep_layout.untag_rows(received, x.shape[1], phys.shape[1])
+        both = self._weighted_experts(
+            torch.cat([x, received_x]),
+            torch.cat([local.masked_fill(dest != self.rank, -1), received_slots]),
+            torch.cat([weights.float(), received_weights]),
+        )
+        own, computed = both[: len(x)], both[len(x) :]
+        back = x.new_empty(len(sent), x.shape[1])
+        combine = self._launch(back, computed, send_splits, recv_splits)
+        shared = self._shared(x)
+        yield
+        self._wait(combine, "combine")
+        partials = list(back.view(len(others), len(x), x.shape[1]).unbind())
+        partials.insert(self.rank, own)
+        out = partials[0].clone()
+        for partial in partials[1:]:
+            out += partial
+        return out, shared
+
+    def _weighted_experts(self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [R, hidden], slots [R, k] local slot of each assignment (-1: not this rank's), weights
+        [R, k] -> [R, hidden]: each row's weighted sum over its assignments here, in slot order."""
+        flat = slots.flatten()
+        picked = (flat >= 0).nonzero().squeeze(1)
+        picked = picked[flat[picked].argsort(stable=True)]  # [P] this rank's assignments, by slot
+        rows = picked // slots.shape[1]
+        ends = torch.bincount(flat[picked], minlength=self.placement.slots_per_rank).cumsum(0).to(torch.int32)
+        hidden = self._run_experts(x[rows], ends)  # [P, hidden]
+        hidden = hidden * weights.flatten()[picked, None].to(hidden.dtype)
+        return torch.zeros_like(x).index_add_(0, rows, hidden)
+
+    def _exchange_counted(
+        self, x: torch.Tensor, phys: torch.Tensor, weights: torch.Tensor
+    ) -> Generator[None, None, tuple[torch.Tensor, torch.Tensor | None]]:
+        """x [T, hidden], phys/weights [T*k]/[T, k] -> (routed output, shared experts' output): every
+        (token, expert) row goes to its rank, exactly, after the per-slot counts."""
+        num_ranks, num_slots = self.placement.ep_size, self.placement.slots_per_rank
+        top_k = weights.shape[1]
         order = phys.argsort(stable=True)  # by rank, then local slot, then token
         rows = order // top_k  # [T*k] token row of each sorted assignment
         send_counts = torch.bincount(phys, minlength=num_ranks * num_slots).view(num_ranks, num_slots)
-        capacities = self._capacities(peer_tokens, top_k, x)
-        if capacities is None:
-            exchange = self._dispatch_counted(x[rows], send_counts, x)
-        else:
-            exchange = self._dispatch_padded(x[rows], send_counts, capacities)
-        recv_counts, received, block_starts, shared, own = yield from exchange
+        recv_counts, received, own = yield from self._dispatch_counted(x[rows], send_counts)
         recv_rows = recv_counts.sum(1)  # [n]
-        compact_starts = ep_layout.exclusive_cumsum(recv_rows)
-        if own is not None:  # our own rows' outputs are there already: the experts run on the rest
-            recv_counts = recv_counts.index_fill(0, torch.tensor([self.rank], device=x.device), 0)
-        layouts = torch.stack([block_starts, compact_starts])  # as received, compact
-        (expert_rows, source_rows), ends = ep_layout.slot_major_rows(recv_counts, layouts)
+        starts = ep_layout.exclusive_cumsum(recv_rows)
+        # our own rows' outputs are there already: the experts run on the rest
+        recv_counts = recv_counts.index_fill(0, torch.tensor([self.rank], device=x.device), 0)
+        (expert_rows,), ends = ep_layout.slot_major_rows(recv_counts, starts[None])
         hidden = self._run_experts(received[expert_rows], ends)  # [R, hidden] slot-major
-        computed = hidden.new_empty(int(recv_rows.sum()), hidden.shape[1])  # each source's order, no padding
-        computed[source_rows] = hidden
-        if own is not None:
-            start = int(compact_starts[self.rank])
-            computed[start : start + len(own)] = own
-        recv_splits = recv_rows.tolist()
+        computed = hidden.new_empty(int(recv_rows.sum()), hidden.shape[1])  # each source's order
+        computed[expert_rows] = hidden
+        start = int(starts[self.rank])
+        computed[start : start + len(own)] = own
         back = x.new_empty(len(rows), x.shape[1])
-        combine = self._launch(back, computed, send_counts.sum(1).tolist(), recv_splits)
-        if shared is None:  # the shared experts need no other rank: they compute while the outputs travel
-            shared = self._shared(x)
+        combine = self._launch(back, computed, send_counts.sum(1).tolist(), recv_rows.tolist())
+        shared = self._shared(x)  # the shared experts need no other rank: they compute while the outputs travel
         yield
         self._wait(combine, "combine")
         out = torch.zeros_like(x).index_add_(0, rows, back * weights.flatten()[order, None].to(x.dtype))
-        return out if shared is None else out + shared
+        return out, shared
 
-    def _capacities(self, peer_tokens: list[int] | None, top_k: int, x: torch.Tensor) -> list[int] | None:
-        """Rows each rank may send any one rank (a token reaches at most min(k, slots) slots of a
-        rank), when padding every block to that is cheap; None: count first, then send exactly.
-        Small exchanges are latency-bound, so one collective with padding beats two; big ones are
-        bandwidth-bound and padding would cost more than the round trip it saves. Every rank
-        decides alike: the same peer_tokens, the same shapes."""
-        if peer_tokens is None:
-            return None
-        per_token = min(top_k, self.placement.slots_per_rank)
-        capacities = [tokens * per_token for tokens in peer_tokens]
-        row_bytes = x.shape[1] * x.element_size()
-        padded_bytes = len(capacities) * (1 + max(capacities)) * row_bytes
-        return capacities if padded_bytes <= PADDED_EXCHANGE_MAX_BYTES else None
-
-    def _dispatch_counted(self, sent: torch.Tensor, send_counts: torch.Tensor, x: torch.Tensor) -> Exchange:
+    def _dispatch_counted(self, sent: torch.Tensor, send_counts: torch.Tensor) -> Exchange:
         """Two all-to-alls: the per-slot counts, then exactly the rows. While the rows travel, this
         rank's experts run on its own rows (they need no other rank): the other micro-batch's
         segment in that window was its shared experts only, which left the counts and the rows
@@ -163,22 +227,7 @@ class ExpertParallelMoE(nn.Module):
         own = self._run_experts(own_rows, send_counts[self.rank].cumsum(0).to(torch.int32))
         yield
         self._wait(work, "dispatch")
-        starts = ep_layout.exclusive_cumsum(torch.tensor(recv_splits, device=sent.device))
-        return recv_counts, received, starts, None, own
-
-    def _dispatch_padded(self, sent: torch.Tensor, send_counts: torch.Tensor, capacities: list[int]) -> Exchange:
-        """One all-to-all: to each rank a header row of counts, then its rows, padded to our capacity."""
-        num_ranks, num_slots = send_counts.shape
-        block = 1 + capacities[self.rank]
-        buffer = sent.new_empty(num_ranks * block, sent.shape[1])
-        buffer[ep_layout.padded_positions(send_counts.sum(1), block)] = sent
-        ep_layout.header_view(buffer[::block], num_slots).copy_(send_counts)
-        recv_blocks = [1 + capacity for capacity in capacities]
-        received = sent.new_empty(sum(recv_blocks), sent.shape[1])
-        yield from self._all_to_all("dispatch", received, buffer, recv_blocks, [block] * num_ranks)
-        headers = ep_layout.exclusive_cumsum(torch.tensor(recv_blocks, device=sent.device))  # [n]
-        recv_counts = ep_layout.header_view(received[headers], num_slots).to(torch.int64)
-        return recv_counts, received, headers + 1, None, None
+        return recv_counts, received, own
 
     def _shared(self, x: torch.Tensor) -> torch.Tensor | None:
         return self.shared_experts(x) if self.shared_experts is not None and len(x) else None
@@ -229,3 +278,4 @@ class ExpertParallelMoE(nn.Module):
         waited = time.perf_counter() - start
         self.comm_wait_s += waited
         self.comm_wait_by_kind[kind] = self.comm_wait_by_kind.get(kind, 0.0) + waited
+        self.comm_waits.append(waited)

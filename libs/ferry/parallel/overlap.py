@@ -5,7 +5,7 @@ Each micro-batch's forward is a generator that yields right after launching an a
 work handle); the driver resumes the other micro-batch meanwhile, so while A's tokens travel to
 their experts B computes its attention, and while B's travel A computes its experts. Every rank
 runs the same two generators in the same alternation, each yielding once per all-to-all launch
-(two or three per MoE layer: every rank picks the same exchange, ExpertParallelMoE._capacities)
+(two or three per MoE layer: every rank picks the same exchange, ExpertParallelMoE._pads)
 whatever its token count, so the group's collectives are issued in the same order everywhere.
 Sequences split at a sequence boundary, tokens as even as that allows; an empty half still runs.
 """
@@ -126,7 +126,7 @@ class OverlapRunner(ModelRunner):
 
     def _peer_tokens(self, tokens: list[int]) -> list[list[int]]:
         """[micro-batch][rank] tokens, from one all-gather: every rank learns how many rows each
-        other rank's dispatches can hold before any is posted (ExpertParallelMoE._capacities)."""
+        other rank's dispatches hold before any is posted (ExpertParallelMoE._pads)."""
         layers = expert_parallel_layers(self.lm)
         group = layers[0][1].group if layers else None
         mine = torch.tensor(tokens, dtype=torch.int64, device=self.device)
