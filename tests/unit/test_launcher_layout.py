@@ -82,6 +82,25 @@ def test_ep_size_makes_every_worker_a_group_and_shares_the_cores_among_its_ranks
     assert all("FERRY_EP_SIZE" not in s.env for s in plan_services(args, "/m", "nats://n", "redis://r"))
 
 
+def test_prefill_and_decode_groups_can_differ_and_the_cores_follow_the_ranks():
+    args = parse("--layout", "split", "--decode-ep-size", "4")
+    resolve_layout(args, num_cores=10)  # 1 prefill rank + 4 decode ranks: 2 threads each
+    specs = [s for s in plan_services(args, "/m", "nats://n", "redis://r") if s.kind == "worker"]
+    got = {s.env["FERRY_ROLE"]: (s.env.get("FERRY_EP_SIZE"), s.env["OMP_NUM_THREADS"]) for s in specs}
+    assert got == {"prefill": (None, "2"), "decode": ("4", "2")}
+    args = parse("--layout", "split", "--ep-size", "2", "--prefill-ep-size", "1")
+    resolve_layout(args, num_cores=8)
+    specs = [s for s in plan_services(args, "/m", "nats://n", "redis://r") if s.kind == "worker"]
+    assert {s.env["FERRY_ROLE"]: s.env.get("FERRY_EP_SIZE") for s in specs} == {"prefill": None, "decode": "2"}
+
+
+def test_role_group_sizes_are_refused_where_they_cannot_apply():
+    with pytest.raises(SystemExit, match="--decode-ep-size is for --layout split"):
+        resolve_layout(parse("--layout", "both", "--decode-ep-size", "2"), num_cores=2)
+    with pytest.raises(SystemExit, match=">= 1"):
+        resolve_layout(parse("--layout", "split", "--prefill-ep-size", "0"), num_cores=2)
+
+
 @pytest.mark.parametrize("cores, argv, nice", [(2, [], 5), (8, [], 0), (2, ["--support-nice", "0"], 0)])
 def test_support_processes_yield_the_cores_to_workers_on_a_small_machine(cores, argv, nice):
     args = parse(*argv)
