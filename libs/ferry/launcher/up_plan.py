@@ -195,7 +195,8 @@ def plan_services(args: argparse.Namespace, model_dir: Path, nats_url: str, redi
         for i in range(count):
             worker_id = f"{role}-{i}-{tag}"
             env = {**common, **worker_env, "FERRY_ROLE": role, "FERRY_WORKER_ID": worker_id}
-            ep_size = int(getattr(args, f"{role}_ep_size", None) or getattr(args, "ep_size", 1))
+            role_ep_size = getattr(args, f"{role}_ep_size", None)  # both: none of its own
+            ep_size: int = getattr(args, "ep_size", 1) if role_ep_size is None else role_ep_size
             if ep_size > 1:
                 env["FERRY_EP_SIZE"] = str(ep_size)
             specs.append(ServiceSpec(f"worker-{role}-{i}", "worker", env, worker_id=worker_id))
