@@ -157,17 +157,20 @@ def test_bad_input_raises_value_error_naming_the_field():
         fused(q[:, :3], k_cache, v_cache, tables, lens, 0.125)
 
 
+@pytest.mark.parametrize("path", ["fused", "matmul"])
 @pytest.mark.parametrize("window", [None, 20])
 @pytest.mark.parametrize("context_len,length", [(1, 1), (37, 12), (300, 45)])
-def test_prefill_chunk_on_cached_context_matches_sdpa(context_len, length, window):
-    """A chunk whose K/V are already in the cache, after context_len cached tokens: causal, GQA 2."""
+def test_prefill_chunk_on_cached_context_matches_sdpa(context_len, length, window, path):
+    """A chunk whose K/V are already in the cache, after context_len cached tokens: causal, GQA 2; the
+    fused decode kernel and chunk_attention's grouped matmuls (a new turn on a conversation's history)."""
     from ferry.kernels.cpu_decode import fused_chunk_attention
 
+    attend = fused_chunk_attention if path == "fused" else ref.chunk_attention
     gen = torch.Generator().manual_seed(context_len + length)
     tables, num_blocks = _tables([context_len + length], gen)
     k_cache, v_cache = (_cache(num_blocks, 2, 64, "head_major", gen) for _ in "kv")
     q, total = torch.randn(length, 4, 64, generator=gen), context_len + length
-    got = fused_chunk_attention(q, k_cache, v_cache, tables[0], context_len, 0.125, window)
+    got = attend(q, k_cache, v_cache, tables[0], context_len, 0.125, window)
     k_seq, v_seq = ref.gather_seq(k_cache, tables[0], total), ref.gather_seq(v_cache, tables[0], total)
     torch.testing.assert_close(
         got, ref.prefill_attention(q, k_seq, v_seq, context_len, 0.125, window), atol=1e-5, rtol=1e-5

@@ -8,13 +8,16 @@ through them. The Triton modules are imported only when used. On the 'cpu' path,
 runs the fused C++ kernel (cpu_decode.py, compiled and cached on first use), and so do prefill chunks
 of up to CHUNK_MAX_TOKENS tokens on a cached context, unless it cannot be built; then (and always on the
 'torch' path, which FERRY_CPU_KERNELS=0 resolves to on the CPU) the plain-torch reference in
-attention_ref.py runs.
+attention_ref.py runs. Longer chunks on a cached context (a new turn on a conversation's history) take
+attention_ref.chunk_attention up to CHUNK_MATMUL_MAX_TOKENS tokens, then gather + SDPA.
 The same build holds the step's small fused ops (cpu_layers.py: RMSNorm, SiLU-and-mul, rotary, the
 K/V write), which fall back to plain torch the same way; write_kv exported here is that dispatching one.
 """
 
 from ferry.kernels.attention_ref import (
+    CHUNK_MATMUL_MAX_TOKENS,
     causal_mask,
+    chunk_attention,
     decode_plan,
     gather_seq,
     paged_decode_attention,
@@ -33,8 +36,10 @@ from ferry.kernels.cpu_layers import rms_norm, rotary_, silu_and_mul, write_kv
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "CHUNK_MATMUL_MAX_TOKENS",
     "CHUNK_MAX_TOKENS",
     "causal_mask",
+    "chunk_attention",
     "cpu_kernels_enabled",
     "decode_plan",
     "fused_chunk_attention",

@@ -213,6 +213,44 @@ def prefill_attention(
     return out[0].transpose(0, 1)
 
 
+CHUNK_MATMUL_MAX_TOKENS = 192
+"""Longest prefill chunk on a cached context that chunk_attention takes; longer ones gather the context
+and run SDPA. Measured (1 thread, 8 heads / 4 KV heads, D 64, 580-token context): 45 tokens 2.0 ms vs
+3.2 ms for gather + SDPA and 4.9 ms for the fused decode kernel; at ~200 tokens SDPA catches up."""
+
+
+def chunk_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    blocks: torch.Tensor,
+    context_len: int,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """One sequence's prefill chunk against its cache, q [L, H, D] at positions context_len.. (the chunk's
+    own K/V already written); caches [N, bs, Hkv, D|Dv], blocks [M] -> [L, H, Dv]. The context is gathered
+    head-major once and the heads sharing a KV head become extra query rows of one matmul: two batched
+    matmuls per layer, where the fused decode kernel re-reads the whole context once per query row."""
+    length, heads, dim = q.shape
+    kv_heads, total = k_cache.shape[2], context_len + length
+    k = _gather_context(k_cache, blocks, total).to(q.dtype)  # [Hkv, S, D]
+    v = _gather_context(v_cache, blocks, total).to(q.dtype)  # [Hkv, S, Dv]
+    group = heads // kv_heads
+    qg = q.view(length, kv_heads, group, dim).permute(1, 2, 0, 3).reshape(kv_heads, group * length, dim)
+    hidden = ~causal_mask(length, total, context_len, window, q.device)  # [L, S]
+    bias = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, float("-inf"))
+    scores = torch.baddbmm(bias.repeat(group, 1), qg, k.transpose(1, 2), alpha=scale)  # [Hkv, G*L, S]
+    out = torch.bmm(torch.softmax(scores, dim=-1), v)  # [Hkv, G*L, Dv]
+    return out.view(kv_heads, group, length, -1).permute(2, 0, 1, 3).reshape(length, heads, v.shape[-1])
+
+
+def _gather_context(cache: torch.Tensor, blocks: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """cache [N, bs, Hkv, D]; blocks [M] -> [Hkv, seq_len, D], the sequence's first seq_len tokens."""
+    used = blocks[: (seq_len + cache.shape[1] - 1) // cache.shape[1]]
+    return cache.permute(2, 0, 1, 3).index_select(1, used).flatten(1, 2)[:, :seq_len]
+
+
 def causal_mask(length: int, seq_len: int, context_len: int, window: int | None, device: torch.device) -> torch.Tensor:
     """[L, S] bool: query i (position context_len+i) may see key j."""
     q_pos = torch.arange(length, device=device)[:, None] + context_len

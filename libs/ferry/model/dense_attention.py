@@ -6,7 +6,9 @@ import torch
 from torch import nn
 
 from ferry.kernels import (
+    CHUNK_MATMUL_MAX_TOKENS,
     CHUNK_MAX_TOKENS,
+    chunk_attention,
     decode_plan,
     fused_chunk_attention,
     fused_paged_decode_attention,
@@ -144,6 +146,8 @@ class GQAttention(nn.Module):
         fused = self.backend == "cpu" and q.shape[0] <= CHUNK_MAX_TOKENS and kernel_built()
         if fused:  # reads the cached context in place
             return fused_chunk_attention(q, k_cache, v_cache, blocks, ctx, self.scale, self.window)
+        if q.shape[0] <= CHUNK_MATMUL_MAX_TOKENS:  # a new turn's few tokens on a long history
+            return chunk_attention(q, k_cache, v_cache, blocks, ctx, self.scale, self.window)
         total = ctx + q.shape[0]
         return prefill_attention(
             q, gather_seq(k_cache, blocks, total), gather_seq(v_cache, blocks, total), ctx, self.scale, self.window
