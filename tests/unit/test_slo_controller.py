@@ -114,3 +114,20 @@ def test_a_step_with_prefill_may_take_a_few_tpot_targets():
     two = SloController(model, SloTargets(tpot_ms=40.0), ControllerLimits(max_itl_factor=2.0)).chunk_budget(10, 2000)
     assert machine_ms(11, two, 2000) <= 80.0 < machine_ms(11, two + 8, 2000)
     assert two > 2 * one
+
+
+def test_the_cap_keeps_room_for_what_the_arrivals_keep_running():
+    # documents at 12 req/s: the prefill they bring leaves a step room for 8 decodes, but 12 req/s
+    # x 40 tokens x ~40 ms keep ~19 running: a cap of 8 would only queue them past their TTFT
+    model, targets = trained(), SloTargets(tpot_ms=40.0)
+    ctl, prefill_only = (
+        SloController(model, targets),
+        SloController(model, targets, ControllerLimits(arrival_headroom=0)),
+    )
+    mix = TokenMix(mean_prompt_tokens=700, mean_output_tokens=40)
+    decode_only = max(b for b in range(4, 257) if machine_ms(b, 0, b * mix.mean_context_tokens) <= 40.0)
+    held, busy = prefill_only.decode_plan(mix, True, 12.0), ctl.decode_plan(mix, True, 12.0)
+    assert held.max_num_seqs < decode_only == busy.max_num_seqs  # raised, but never past a decode-only step
+    assert busy.capacity_rps == held.capacity_rps < 12.0  # the role still says it needs more replicas
+    light = ctl.decode_plan(mix, True, 0.2)  # a light load keeps ~1 running: the cap is the planned one
+    assert light.max_num_seqs == prefill_only.decode_plan(mix, True, 0.2).max_num_seqs

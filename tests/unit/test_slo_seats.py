@@ -91,7 +91,9 @@ def test_a_light_load_of_documents_plans_with_the_prefill_that_arrives_not_a_ful
     cap, context = light.max_num_seqs, light.max_num_seqs * DOCUMENTS.mean_context_tokens
     step = (5.0 + 0.5 * cap + 3.0 * context / 1000) / (1 - 0.7 * 0.2)  # prefill per step = 0.7 x step ms
     assert step <= 50.0 + 1.0  # the model's fit is close, not exact
-    assert ctl.decode_plan(DOCUMENTS, rate_rps=100.0).max_num_seqs == full  # overloaded: a full batch
+    overloaded = ctl.decode_plan(DOCUMENTS, rate_rps=100.0)  # every step carries a full batch's prefill
+    assert overloaded.capacity_rps == pytest.approx(ctl.decode_plan(DOCUMENTS).capacity_rps)
+    assert overloaded.max_num_seqs > full  # but 100 req/s keep more running: the decode-only cap
 
 
 def test_when_prefill_alone_breaks_tpot_the_cap_is_the_decode_only_one_not_the_minimum():

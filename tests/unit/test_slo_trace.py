@@ -1,11 +1,14 @@
 """Trace workloads: the seeded day-night load, public trace replay, and a small SLO bench end to end."""
 
+import argparse
 import json
 
 import pytest
 import torch
 
-from ferry.bench.slo_bench import SloBenchConfig, meets, per_request, run_slo_bench
+from ferry.bench.cli import DEFAULT_PEAK_LOAD, _peak_load, add_arguments
+from ferry.bench.slo_bench import SloBenchConfig, load_trace, meets, per_request, run_slo_bench
+from ferry.bench.slo_capacity import peak_window_rps
 from ferry.bench.trace import (
     DOCUMENT,
     DayNightConfig,
@@ -14,6 +17,7 @@ from ferry.bench.trace import (
     read_trace_file,
     replay_trace,
 )
+from ferry.model import load_model
 from ferry.model.make_model import make_model
 from ferry.slo import SloTargets
 
@@ -147,3 +151,48 @@ def test_per_request_pairs_tpot_with_multi_token_outputs():
     reqs = [WorkloadRequest(0, [1], 1), WorkloadRequest(1, [1], 4), WorkloadRequest(2, [1], 3)]
     result = RunResult("x", 1.0, ttft_s=[0.1, 0.2, 0.3], tpot_s=[0.02, 0.03], request_indices=[2, 0, 1])
     assert per_request(result, reqs) == {2: (0.1, 0.02), 0: (0.2, None), 1: (0.3, 0.03)}
+
+
+def test_peak_window_counts_the_busiest_stretch():
+    arrivals = [0.0, 0.1, 5.0, 5.2, 5.4, 5.9, 9.0]
+    assert peak_window_rps(arrivals, 1.0) == pytest.approx(4.0)  # 5.0 .. 5.9
+    assert peak_window_rps(arrivals, 10.0) == pytest.approx(0.7)
+    with pytest.raises(ValueError, match="window_s"):
+        peak_window_rps(arrivals, 0.0)
+
+
+def test_peak_load_puts_the_trace_peak_at_that_multiple_of_the_probed_capacity(tmp_path):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = make_model(tmp_path / "tiny", "llama", "tiny")
+        lm = load_model(model)
+        day = DayNightConfig(day_s=4.0, num_bursts=0, max_prompt_len=96)
+        common = dict(model=model, out_dir=tmp_path, tpot_slo_ms=20.0, num_kv_blocks=512, num_windows=4)
+        _, _, info = load_trace(SloBenchConfig(**common, day_night=day, peak_load=1.5), lm)
+        trace = tmp_path / "trace.jsonl"
+        trace.write_text(
+            "".join(f'{{"timestamp": {t}, "input_length": 40, "output_length": 8}}\n' for t in range(0, 4000, 50))
+        )
+        _, arrivals, replay = load_trace(SloBenchConfig(**common, trace=str(trace), peak_load=3.0), lm)
+    finally:
+        torch.set_num_threads(threads)
+    capacity = info["capacity"]["capacity_rps"]
+    assert capacity > 0 and info["peak_rps"] == pytest.approx(1.5 * capacity)
+    assert info["capacity"]["num_requests"] > 0 and info["capacity"]["step_model"]["is_ready"]
+    window = arrivals[-1] / 4
+    assert peak_window_rps(arrivals, window) == pytest.approx(3.0 * replay["capacity"]["capacity_rps"], rel=0.1)
+
+
+def test_the_day_night_peak_is_set_one_way(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        ["--offline", "--model", "x", "--trace", "day-night", "--peak-rps", "3", "--peak-load", "2"]
+    )
+    with pytest.raises(ValueError, match="--peak-rps and --peak-load"):
+        _peak_load(args)
+    args = parser.parse_args(["--offline", "--model", "x", "--trace", "day-night"])
+    assert _peak_load(args) == DEFAULT_PEAK_LOAD
+    args = parser.parse_args(["--offline", "--model", "x", "--trace", "day-night", "--peak-rps", "3"])
+    assert _peak_load(args) is None

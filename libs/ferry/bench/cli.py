@@ -14,6 +14,9 @@ from pathlib import Path
 
 from ferry.dtypes import WEIGHTS_DTYPES
 
+DEFAULT_PEAK_LOAD = 2.0
+"""day-night's noon rate as a multiple of the measured SLO capacity (issue #20's regime)."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offline", action="store_true", help="benchmark the engine in-process (needs --model)")
@@ -88,14 +91,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--ttft-slo-ms", type=float, default=2000.0, help="default %(default)s")
     t.add_argument("--fixed-caps", default="8,16,32,64,128", help="default %(default)s")
     t.add_argument("--day-s", type=float, default=90.0, help="day-night: one compressed day (default %(default)s)")
-    t.add_argument("--peak-rps", type=float, default=3.5, help="day-night: noon arrival rate (default %(default)s)")
+    t.add_argument(
+        "--peak-load",
+        type=float,
+        help="scale the trace to this machine: its peak arrival rate = this x the requests/s the engine "
+        "serves within --tpot-slo-ms, measured by a short probe before the run (a step model fitted on "
+        f"the peak's mix; day-night default {DEFAULT_PEAK_LOAD}: a peak no cap holds, a night that idles; "
+        "a replay: sets the speedup from its busiest 1/24)",
+    )
+    t.add_argument(
+        "--peak-rps", type=float, help="day-night: noon arrival rate in req/s, instead of --peak-load (fixed load)"
+    )
     t.add_argument(
         "--no-slo-admission",
         action="store_true",
         help="also run adaptive-fcfs beside adaptive: the adaptive cap and chunk budget, FCFS order, no "
         "TPOT-slack prefill or seats beyond the cap (ablation of the SLO admission)",
     )
-    t.add_argument("--trace-speedup", type=float, default=1.0, help="replay: divide trace times by this")
+    t.add_argument("--trace-speedup", type=float, help="replay: divide trace times by this (default 1)")
     t.add_argument("--trace-max-requests", type=int, help="replay: the first N requests only")
     from ferry.bench.online import add_url_arguments
 
@@ -167,17 +180,19 @@ def _run_trace(args: argparse.Namespace, out: Path) -> int:
 
     if args.trace != "day-night" and not Path(args.trace).is_file():
         raise ValueError(f"--trace {args.trace}: neither 'day-night' nor a trace file")
+    peak_load = _peak_load(args)
     cfg = SloBenchConfig(
         model=Path(args.model),
         out_dir=out,
         trace=args.trace,
-        day_night=DayNightConfig(day_s=args.day_s, peak_rps=args.peak_rps, seed=args.seed),
+        day_night=DayNightConfig(day_s=args.day_s, peak_rps=args.peak_rps or 1.0, seed=args.seed),
+        peak_load=peak_load,
         tpot_slo_ms=args.tpot_slo_ms,
         ttft_slo_ms=args.ttft_slo_ms,
         fixed_caps=_ints(args.fixed_caps, "--fixed-caps"),
         num_kv_blocks=args.num_kv_blocks,
         threads=args.threads,
-        trace_speedup=args.trace_speedup,
+        trace_speedup=args.trace_speedup or 1.0,
         max_requests=args.trace_max_requests,
         ablation=args.no_slo_admission,
         show_progress=not args.no_progress,
@@ -186,6 +201,22 @@ def _run_trace(args: argparse.Namespace, out: Path) -> int:
     goodput = {name: round(s["goodput_rps"], 4) for name, s in report["systems"].items()}
     print(json.dumps({"out": str(out), "ratios": report["ratios"], "goodput_rps": goodput}, indent=2))
     return 0
+
+
+def _peak_load(args: argparse.Namespace) -> float | None:
+    """--peak-load as given, day-night's default when neither it nor --peak-rps is; None: the
+    trace's own load (--peak-rps, --trace-speedup)."""
+    if args.trace == "day-night":
+        if args.peak_rps is not None and args.peak_load is not None:
+            raise ValueError("--peak-rps and --peak-load both set the day-night peak: give one")
+        if args.peak_rps is not None:
+            return None
+        return DEFAULT_PEAK_LOAD if args.peak_load is None else args.peak_load
+    if args.peak_rps is not None:
+        raise ValueError("--peak-rps sets the day-night peak: scale a replay with --peak-load or --trace-speedup")
+    if args.peak_load is not None and args.trace_speedup is not None:
+        raise ValueError("--peak-load and --trace-speedup both set the replay's speed: give one")
+    return args.peak_load
 
 
 def _run_ep_load(args: argparse.Namespace, workload, out: Path) -> int:

@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 
 from ferry.bench.offline_turns import RunResult, engine_config, engine_turns, side_by_side
+from ferry.bench.slo_capacity import peak_window_rps, probe_capacity
 from ferry.bench.slo_report import write_markdown, write_plots
-from ferry.bench.trace import DayNightConfig, day_night_trace, read_trace_file, replay_trace
+from ferry.bench.trace import DayNightConfig, day_night_trace, peak_mix_requests, read_trace_file, replay_trace
 from ferry.bench.workload import WorkloadRequest, percentile_ms
 from ferry.engine.adaptive import AdaptiveLimits
 from ferry.model import load_model
@@ -31,6 +32,7 @@ from ferry.slo import ControllerLimits, ForecastConfig, SloTargets
 
 FORECAST_INTERVALS_PER_DAY = 48
 ABLATION = "adaptive-fcfs"
+PROBE_REQUESTS = 24
 
 
 @dataclass(slots=True)
@@ -46,6 +48,10 @@ class SloBenchConfig:
     adaptive_max_num_seqs: int = 256
     num_kv_blocks: int = 2048
     threads: int = 2
+    peak_load: float | None = None
+    """Scale the trace to the machine: its peak arrival rate is this many times the SLO capacity
+    measured before the run (ferry.bench.slo_capacity). day-night: sets day_night.peak_rps;
+    a replay: sets trace_speedup (its peak: the busiest 1/num_windows of the trace)."""
     trace_speedup: float = 1.0
     max_requests: int | None = None
     max_output_len: int = 256
@@ -61,28 +67,48 @@ class SloBenchConfig:
         SloTargets(self.tpot_slo_ms, self.ttft_slo_ms)  # validates both
         if self.num_windows < 1:
             raise ValueError(f"SloBenchConfig.num_windows={self.num_windows}: must be >= 1")
+        if self.peak_load is not None and not self.peak_load > 0:
+            raise ValueError(f"SloBenchConfig.peak_load={self.peak_load}: must be > 0")
 
 
-def load_trace(cfg: SloBenchConfig, vocab_size: int) -> tuple[list[WorkloadRequest], list[float], dict]:
-    """The trace's requests, arrival times and a description for the report."""
+def load_trace(cfg: SloBenchConfig, lm) -> tuple[list[WorkloadRequest], list[float], dict]:
+    """The trace's requests, arrival times and a description for the report; with peak_load, the
+    capacity probe runs first and scales the trace (the probe's findings go in the description)."""
+    vocab_size, targets = lm.config.vocab_size, SloTargets(cfg.tpot_slo_ms, cfg.ttft_slo_ms)
     if cfg.trace == "day-night":
         dn = cfg.day_night
         dn.vocab_size = vocab_size
+        capacity = None
+        if cfg.peak_load is not None:
+            capacity = probe_capacity(lm, peak_mix_requests(dn, PROBE_REQUESTS), targets, cfg.num_kv_blocks)
+            dn.peak_rps = cfg.peak_load * capacity["capacity_rps"]
         requests, arrivals, bursts = day_night_trace(dn)
-        return requests, arrivals, {"kind": "day-night", **asdict(dn), "bursts_s": bursts, "duration_s": dn.duration_s}
+        info = {"kind": "day-night", **asdict(dn), "bursts_s": bursts, "duration_s": dn.duration_s}
+        return requests, arrivals, {**info, "peak_load": cfg.peak_load, "capacity": capacity}
     records = read_trace_file(Path(cfg.trace))
-    requests, arrivals = replay_trace(
-        records, cfg.trace_speedup, cfg.day_night.max_prompt_len, cfg.max_output_len, vocab_size, cfg.max_requests
-    )
+
+    def replay(speedup: float) -> tuple[list[WorkloadRequest], list[float]]:
+        return replay_trace(
+            records, speedup, cfg.day_night.max_prompt_len, cfg.max_output_len, vocab_size, cfg.max_requests
+        )
+
+    requests, arrivals = replay(cfg.trace_speedup)
+    capacity = peak_rps = None
+    if cfg.peak_load is not None:
+        sample = requests[:: max(len(requests) // PROBE_REQUESTS, 1)][:PROBE_REQUESTS]
+        capacity = probe_capacity(lm, sample, targets, cfg.num_kv_blocks)
+        peak_rps = peak_window_rps(arrivals, max(arrivals[-1], 1e-3) / cfg.num_windows)
+        cfg.trace_speedup *= cfg.peak_load * capacity["capacity_rps"] / peak_rps
+        requests, arrivals = replay(cfg.trace_speedup)
     duration = max(arrivals[-1], 1e-3)
     info = {"kind": "replay", "file": cfg.trace, "speedup": cfg.trace_speedup, "duration_s": duration}
-    return requests, arrivals, info
+    return requests, arrivals, {**info, "peak_load": cfg.peak_load, "peak_rps_unscaled": peak_rps, "capacity": capacity}
 
 
 def run_slo_bench(cfg: SloBenchConfig) -> dict:
     torch.set_num_threads(cfg.threads)
     lm = load_model(cfg.model)
-    requests, arrivals, trace = load_trace(cfg, lm.config.vocab_size)
+    requests, arrivals, trace = load_trace(cfg, lm)
     targets = SloTargets(cfg.tpot_slo_ms, cfg.ttft_slo_ms)
     adaptive = _adaptive(cfg, trace["duration_s"], targets, admission=True)
     controllers = {"adaptive": adaptive}

@@ -76,6 +76,7 @@ def write_markdown(out_dir: Path, report: dict) -> None:
         f"{report['threads']} threads. Ratio adaptive / best fixed ({report['best_fixed']}): "
         f"**{_fmt(report['ratios']['adaptive_goodput_vs_best_fixed'], 2)}x** (the most any system could reach, "
         f"every request good: {_fmt(report['ratios'].get('ceiling_vs_best_fixed'), 2)}x)" + _ablation(report) + ".",
+        *_load(tr),
         "",
         "| system | goodput req/s | attainment | completed | TTFT p50 / p90 ms | TPOT p50 / p90 ms | busy s |",
         "|---|---|---|---|---|---|---|",
@@ -93,6 +94,22 @@ def write_markdown(out_dir: Path, report: dict) -> None:
 def _ablation(report: dict) -> str:
     ratio = report["ratios"].get("adaptive-fcfs_goodput_vs_best_fixed")
     return "" if ratio is None else f"; adaptive-fcfs (ablation: adaptive cap, FCFS order): **{ratio:.2f}x**"
+
+
+def _load(trace: dict) -> list[str]:
+    """How the trace was scaled to the machine (--peak-load), if it was."""
+    probe = trace.get("capacity")
+    if not probe:
+        return []
+    peak = f"peak {trace['peak_rps']:.2f} req/s" if trace["kind"] == "day-night" else f"speedup {trace['speedup']:.3f}"
+    mix = probe["mix"]
+    return [
+        "",
+        f"Load: --peak-load {trace['peak_load']:g} x the probed SLO capacity {probe['capacity_rps']:.3f} req/s "
+        f"({peak}); probe: {probe['num_requests']} requests (mean prompt {mix['mean_prompt_tokens']:.0f}, output "
+        f"{mix['mean_output_tokens']:.0f} tokens) in {probe['probe_s']:.1f} s, step model "
+        f"{probe['step_model']['coefficients_ms']} ms, residual {probe['step_model']['residual_ms']} ms.",
+    ]
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:

@@ -110,12 +110,23 @@ def day_night_trace(cfg: DayNightConfig) -> tuple[list[WorkloadRequest], list[fl
             return requests, arrivals, bursts
         if rng.random() * max_rate > rate_rps(cfg, t, bursts):
             continue  # thinning: keep an arrival with probability rate(t) / max_rate
-        kind = DOCUMENT if rng.random() < document_share(cfg, t) else CHAT
-        length = round(math.exp(rng.gauss(math.log(kind.prompt_len_median), 0.5)))
-        length = min(max(length, 16), cfg.max_prompt_len)
-        prompt = [rng.randrange(cfg.first_token_id, cfg.vocab_size) for _ in range(length)]
-        requests.append(WorkloadRequest(len(requests), prompt, rng.choice(kind.output_lens)))
+        requests.append(draw_request(cfg, t, rng, len(requests)))
         arrivals.append(t)
+
+
+def draw_request(cfg: DayNightConfig, t: float, rng: random.Random, index: int) -> WorkloadRequest:
+    """One request of the mix at time t (a document or a chat turn, by the hour's share)."""
+    kind = DOCUMENT if rng.random() < document_share(cfg, t) else CHAT
+    length = round(math.exp(rng.gauss(math.log(kind.prompt_len_median), 0.5)))
+    length = min(max(length, 16), cfg.max_prompt_len)
+    prompt = [rng.randrange(cfg.first_token_id, cfg.vocab_size) for _ in range(length)]
+    return WorkloadRequest(index, prompt, rng.choice(kind.output_lens))
+
+
+def peak_mix_requests(cfg: DayNightConfig, num_requests: int) -> list[WorkloadRequest]:
+    """num_requests of the mix at the day's peak (noon), seeded apart from the trace itself."""
+    rng = random.Random(f"peak-mix-{cfg.seed}")
+    return [draw_request(cfg, cfg.day_s / 2, rng, i) for i in range(num_requests)]
 
 
 # ---- public traces ---------------------------------------------------------------------------------

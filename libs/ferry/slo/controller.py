@@ -65,7 +65,12 @@ class SloController:
         (700-token prompts, 36-token answers) look infeasible at any cap and held the cap at its
         minimum. When even min_num_seqs misses the target, the cap is the decode-only one: the
         prefill that breaks the target is not the cap's to bound (a smaller cap removes none of
-        what arrives), the chunk budget defers it (admit)."""
+        what arrives), the chunk budget defers it (admit). For the same reason the cap is never
+        below the sequences the arrivals keep running (Little: arrival_headroom x rate x
+        mean_output x step), up to the decode-only cap: near the edge where prefill alone breaks
+        the target the cap fell to 4 while requests came at a rate that needs 10 running, and held
+        prompts queued past their TTFT target (the Mooncake replay's lost request). capacity_rps
+        stays that of the cap whose step holds the target (desired replicas)."""
         if not self.model.is_ready:
             return Plan(self.limits.fixed_num_seqs, self.limits.fixed_chunk_tokens, 0.0, 0.0, False)
         share = mix.mean_prompt_tokens / max(mix.mean_output_tokens, 1.0) if prefill_in_steps else 0.0
@@ -78,13 +83,17 @@ class SloController:
             return self._step_ms(b, prefill(b) if with_prefill else 0, b * mix.mean_context_tokens)
 
         lim, tpot = self.limits, self.targets.tpot_ms
+        decode_only = _largest(lim.min_num_seqs, lim.max_num_seqs, lambda b: step(b, False) <= tpot)
         if step(lim.min_num_seqs) > tpot:
-            cap = _largest(lim.min_num_seqs, lim.max_num_seqs, lambda b: step(b, False) <= tpot)
-            return Plan(cap, prefill(cap), step(cap), 0.0, True, is_feasible=False)
-        cap = _largest(lim.min_num_seqs, lim.max_num_seqs, lambda b: step(b) <= tpot)
-        step_ms = step(cap)
-        capacity_rps = cap / max(mix.mean_output_tokens, 1.0) / (step_ms / 1000.0)
-        return Plan(cap, prefill(cap), step_ms, capacity_rps, True)
+            return Plan(decode_only, prefill(decode_only), step(decode_only), 0.0, True, is_feasible=False)
+        held = _largest(lim.min_num_seqs, lim.max_num_seqs, lambda b: step(b) <= tpot)
+        step_ms = step(held)
+        capacity_rps = held / max(mix.mean_output_tokens, 1.0) / (step_ms / 1000.0)
+        cap = held
+        if rate_rps is not None:  # a cap below what the arrivals keep running only queues them
+            running = lim.arrival_headroom * rate_rps * mix.mean_output_tokens * step_ms / 1000.0
+            cap = max(held, min(math.ceil(running), decode_only))
+        return Plan(cap, prefill(cap), step(cap), capacity_rps, True)
 
     def _steady_prefill(self, num_seqs: int, full: float, tokens_per_ms: float, context_per_seq: float) -> float:
         """Prefill tokens per step with num_seqs decoding: what arrives during the step, whose

@@ -38,6 +38,10 @@ class ControllerLimits:
     fixed_num_seqs: int = 64
     """The cap before the model is ready."""
     fixed_chunk_tokens: int = 2048
+    arrival_headroom: float = 1.5
+    """decode_plan: the cap is at least this many times the sequences the forecast rate keeps
+    running on average (Little's law), within the decode-only cap: Poisson arrivals and bursts
+    run above their mean."""
     target_utilization: float = 0.8
     """Replicas are sized so the forecast uses this share of their SLO capacity (queueing room)."""
     max_itl_factor: float = 4.0
@@ -66,6 +70,8 @@ class ControllerLimits:
         for name in ("on_time_share", "slack_share"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"ControllerLimits.{name}={getattr(self, name)}: must be in (0, 1]")
+        if not self.arrival_headroom >= 0:
+            raise ValueError(f"ControllerLimits.arrival_headroom={self.arrival_headroom}: must be >= 0")
         if not 0 < self.target_utilization <= 1:
             raise ValueError(f"ControllerLimits.target_utilization={self.target_utilization}: must be in (0, 1]")
 
