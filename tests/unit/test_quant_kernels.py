@@ -96,3 +96,12 @@ def test_quant_matmul_keeps_leading_dims_adds_bias_and_falls_back_for_bf16(kerne
     got_bf16 = quant_matmul(x.bfloat16(), qw, bias)
     assert got_bf16.dtype == torch.bfloat16
     torch.testing.assert_close(got_bf16.float(), expected, atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("value", ["eight", "0", "-3"])
+def test_a_bad_tiled_rows_setting_is_refused_by_name(monkeypatch, value):
+    from ferry.kernels.quant_linear import _tiled_from_rows
+
+    monkeypatch.setenv("FERRY_QUANT_TILED_FROM_ROWS", value)
+    with pytest.raises(ValueError, match="FERRY_QUANT_TILED_FROM_ROWS"):
+        _tiled_from_rows()

@@ -42,7 +42,14 @@ def quant_matmul(
     return quant_matmul_ref(x, qw, bias)
 
 
-TILED_FROM_ROWS = int(os.environ.get("FERRY_QUANT_TILED_FROM_ROWS", "8"))
+def _tiled_from_rows() -> int:
+    raw = os.environ.get("FERRY_QUANT_TILED_FROM_ROWS", "8").strip()
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"FERRY_QUANT_TILED_FROM_ROWS={raw!r}: must be a whole number of rows >= 1")
+    return int(raw)
+
+
+TILED_FROM_ROWS = _tiled_from_rows()
 """From this many rows of x on, the C++ kernel dequantizes each weight block once into an fp32 buffer and
 multiplies all rows with it (a register-blocked GEMM); below, it dequantizes in registers per pass of a few
 rows (fewer bytes touched: what a memory-bound decode step at batch 1-7 wants; measured crossover ~8 rows
