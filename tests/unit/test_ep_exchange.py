@@ -69,9 +69,13 @@ def _rank(rank: int, address: GroupAddress, slots: tuple, tokens: list[int], fav
         expected = moe(x)
         layer = moe_ep.ExpertParallelMoE(moe, ExpertPlacement(8, slots), rank)
         counted = layer(x)  # no token counts given: counts first
-        layer.computed_tokens = 0
+        if layer.comm_waits is not None:
+            failures.put(f"rank {rank}: a serving layer keeps a list of every wait (it would only grow)")
+        layer.computed_tokens, layer.comm_waits = 0, []  # what the overlap bench sets per step
         padded = moe_ep.run_to_end(layer.steps(x, tokens))
-        padded_computed = layer.computed_tokens
+        padded_computed, padded_waits, layer.comm_waits = layer.computed_tokens, len(layer.comm_waits), None
+        if padded_waits != 2:
+            failures.put(f"rank {rank}: the padded exchange waited {padded_waits} times (dispatch + combine: 2)")
         both_halves = _interleaved(layer, x, tokens)  # two micro-batches overlapped, padded
         moe_ep.PADDED_EXCHANGE_MAX_RANKS_PER_TOP_K = moe_ep.PADDED_EXCHANGE_MAX_BYTES = 0  # too big: counts first
         counted_too = moe_ep.run_to_end(layer.steps(x, tokens))

@@ -70,7 +70,7 @@ def _timed_step(engine, layers, device: str) -> tuple[float, float, dict[str, fl
         for kind, waited in layer.comm_wait_by_kind.items():
             by_kind[kind] = by_kind.get(kind, 0.0) + waited
     blocked = sum(waiter.comm_wait_s for waiter in [*layers, engine.runner])
-    waits = [engine.runner.comm_wait_s] + [waited for layer in layers for waited in layer.comm_waits]
+    waits = [engine.runner.comm_wait_s] + [waited for layer in layers for waited in layer.comm_waits or []]
     return elapsed, blocked, by_kind, sum(layer.computed_tokens for layer in layers), waits
 
 

@@ -63,9 +63,10 @@ class ExpertParallelMoE(nn.Module):
         """Seconds this layer spent blocked in wait() on its all-to-alls."""
         self.comm_wait_by_kind: dict[str, float] = {}
         """The same seconds by collective: counts, dispatch (exact rows, or padded tagged rows), combine."""
-        self.comm_waits: list[float] = []
-        """The same seconds, one per wait() in order (every rank waits on the same collectives in
-        the same order, so the i-th entries of two ranks are the same collective)."""
+        self.comm_waits: list[float] | None = None
+        """When a list (a benchmark sets one per step): the same seconds, one per wait() in order
+        (every rank waits on the same collectives in the same order, so the i-th entries of two ranks
+        are the same collective). None while serving: a list kept for every step would only grow."""
         self.expert_tokens = torch.zeros(placement.num_experts, dtype=torch.int64)
         """Tokens routed to each logical expert from this rank since the last reset (for EPLB)."""
         self.computed_tokens = 0
@@ -278,4 +279,5 @@ class ExpertParallelMoE(nn.Module):
         waited = time.perf_counter() - start
         self.comm_wait_s += waited
         self.comm_wait_by_kind[kind] = self.comm_wait_by_kind.get(kind, 0.0) + waited
-        self.comm_waits.append(waited)
+        if self.comm_waits is not None:
+            self.comm_waits.append(waited)
