@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from ferry.dtypes import WEIGHTS_DTYPES, check_dtype_name
+from ferry.engine.config import WORKER_HOST_KV_BLOCKS, WORKER_NUM_KV_BLOCKS
 from ferry.model.source import served_name
 from ferry.settings import ServiceSettings, default_instance_id
 
@@ -29,10 +30,10 @@ class WorkerSettings(ServiceSettings):
         description="decode: when a sequence finishes, write the full blocks it added (its output) to the KV "
         "store, so the next turn of the conversation finds its whole history there",
     )
-    num_kv_blocks: int = Field(default=1024, ge=1, description="blocks in this worker's KV pool")
+    num_kv_blocks: int = Field(default=WORKER_NUM_KV_BLOCKS, ge=1, description="blocks in this worker's KV pool")
     block_size: int = Field(default=16, ge=1, description="tokens per KV block")
     host_kv_blocks: int = Field(
-        default=256,
+        default=WORKER_HOST_KV_BLOCKS,
         ge=0,
         description="host tier: blocks evicted from the KV pool kept in host memory (pinned on a GPU) "
         "and loaded back instead of fetched or recomputed; prefetched blocks land here too; 0 = off",

@@ -11,6 +11,11 @@ ENGINE_ROLES = ("both", "prefill", "decode")
 KV_CACHE_DTYPES = DTYPE_NAMES
 ATTENTION_CHOICES = ("auto", "torch", "triton")
 """EngineConfig.attention / FERRY_ATTENTION values; ferry.kernels.backend resolves them for a device."""
+WORKER_NUM_KV_BLOCKS = 1024
+"""A worker's KV pool by default (FERRY_NUM_KV_BLOCKS); benchmarks of the engine alone use it too, so
+that both sides of engine-vs-system hold the same."""
+WORKER_HOST_KV_BLOCKS = 256
+"""A worker's host tier by default (FERRY_HOST_KV_BLOCKS)."""
 
 
 @dataclass(slots=True)

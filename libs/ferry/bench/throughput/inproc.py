@@ -26,18 +26,14 @@ def main() -> None:
 
     from ferry.bench.offline_report import model_flops_per_token
     from ferry.engine import EngineConfig, LLMEngine
+    from ferry.engine.config import WORKER_HOST_KV_BLOCKS, WORKER_NUM_KV_BLOCKS
     from ferry.protocol import SamplingParams
 
     if args.threads:
         torch.set_num_threads(args.threads)
     requests = burst.read_prompts(args.prompts)
-    from ferry_services.worker.settings import WorkerSettings
-
-    worker = WorkerSettings.model_fields  # the KV pool `ferry up`'s worker gets, so both sides hold the same
-    config = EngineConfig(
-        max_num_seqs=args.max_num_seqs,
-        num_kv_blocks=worker["num_kv_blocks"].default,
-        host_cache_blocks=worker["host_kv_blocks"].default,
+    config = EngineConfig(  # the KV pool and host tier `ferry up`'s worker gets, so both sides hold the same
+        max_num_seqs=args.max_num_seqs, num_kv_blocks=WORKER_NUM_KV_BLOCKS, host_cache_blocks=WORKER_HOST_KV_BLOCKS
     )
     engine = LLMEngine.from_model_path(str(args.model), config)
     warm = SamplingParams(max_tokens=4, temperature=0.0)
