@@ -43,7 +43,7 @@ def quant_matmul(
 
 
 def _tiled_from_rows() -> int:
-    raw = os.environ.get("FERRY_QUANT_TILED_FROM_ROWS", "8").strip()
+    raw = os.environ.get("FERRY_QUANT_TILED_FROM_ROWS", "64").strip()
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"FERRY_QUANT_TILED_FROM_ROWS={raw!r}: must be a whole number of rows >= 1")
     return int(raw)
@@ -52,9 +52,13 @@ def _tiled_from_rows() -> int:
 TILED_FROM_ROWS = _tiled_from_rows()
 """From this many rows of x on, the C++ kernel dequantizes each weight block once into an fp32 buffer and
 multiplies all rows with it (a register-blocked GEMM); below, it dequantizes in registers per pass of a few
-rows (fewer bytes touched: what a memory-bound decode step at batch 1-7 wants; measured crossover ~8 rows
-on the AVX2 box). FERRY_QUANT_TILED_FROM_ROWS, read once at import, moves it (benchmarks: a huge value
-keeps the register passes for every batch)."""
+rows (fewer bytes touched). Measured on the AVX2 box with SmolLM2's shapes and every layer's weights
+streamed from memory as in a step (ops/bench/quant/step_rows.py, report 20261204-smollm2-cpu-amd/): the
+register passes are ahead below 64 rows (8 rows: int8 8.9 vs 12.4 ms, int4 6.1 vs 9.8 ms for a step's
+matmuls; 32 rows: 22.9 vs 25.3, 18.9 vs 21.3), the two even at 64, the tiled GEMM ahead from ~128
+(prefill). The 8 set before came from one weight timed over and over (matmul_rows.py), which stays in
+cache. FERRY_QUANT_TILED_FROM_ROWS, read once at import, moves it (benchmarks: a huge value keeps the
+register passes for every batch)."""
 
 
 def cpu_quant_matmul(x: torch.Tensor, packed: CpuPacked, tiled_from_rows: int = TILED_FROM_ROWS) -> torch.Tensor:
