@@ -219,3 +219,22 @@ async def test_decode_worker_without_free_blocks_gets_nothing(nc, decode_balance
     reply = await hand_off(nc, 0)  # 20 tokens + the next one need 2 blocks
     assert (reply.accepted, reply.reason) == (False, "overloaded")
     assert (await nc.request(subjects.HANDOFF, b"junk", timeout=5)).data  # a bad message is answered
+
+
+async def test_tier_credits_come_from_the_environment(nc, monkeypatch):
+    """FERRY_{DEVICE,HOST,REMOTE}_TIER_WEIGHT reach the balancer's prefix index (what routing credits a
+    held block with), and a weight outside [0, 1] is refused with its name."""
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("FERRY_HOST_TIER_WEIGHT", "0.4")
+    monkeypatch.setenv("FERRY_REMOTE_TIER_WEIGHT", "0.1")
+    balancer = PrefillBalancer(nc, PrefillBalancerSettings())
+    config = balancer.prefixes.config
+    assert (config.device_weight, config.host_weight, config.remote_weight) == (1.0, 0.4, 0.1)
+    block = b"h0"
+    balancer.prefixes.apply("stored", "ns", "pa", [block], tier="host")
+    balancer.prefixes.apply("stored", "ns", "store", [block])
+    assert balancer.prefixes.cached_tokens({"pa": "ns", "pb": "ns"}, [block], 10) == {"pa": 4, "pb": 1}
+    monkeypatch.setenv("FERRY_HOST_TIER_WEIGHT", "1.5")
+    with pytest.raises(ValidationError, match="host_tier_weight"):
+        PrefillBalancerSettings()
