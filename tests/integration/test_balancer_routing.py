@@ -238,3 +238,21 @@ async def test_tier_credits_come_from_the_environment(nc, monkeypatch):
     monkeypatch.setenv("FERRY_HOST_TIER_WEIGHT", "1.5")
     with pytest.raises(ValidationError, match="host_tier_weight"):
         PrefillBalancerSettings()
+
+
+async def test_a_restarted_decode_worker_loses_its_session_affinity(nc, decode_balancer):
+    """A turn-end KvWarm credits the worker that decoded it, enough to outweigh a little more load; once that
+    worker's report says it started anew (an empty pool), the credit is gone and load decides."""
+    from ferry.protocol import KvWarm
+    from ferry_services.decode_balancer.service import full_blocks
+
+    warm_one = report("da", role="decode", kv_blocks_used=8, started_at=1.0)
+    await publish_reports(nc, decode_balancer, warm_one, report("db", role="decode", started_at=1.0))
+    chain = full_blocks(handoff(7))
+    await nc.publish(subjects.KV_WARM, encode(KvWarm("turn-1", "ns", chain, worker_id="da")))
+    await wait_until(lambda: decode_balancer.affinity.leading("da", chain) == 1, "the warm-up reached the balancer")
+    assert decode_balancer.choose(handoff(7)).worker_id == "da"
+
+    await publish_reports(nc, decode_balancer, report("da", role="decode", kv_blocks_used=8, started_at=2.0))
+    assert decode_balancer.choose(handoff(7)).worker_id == "db"
+    assert decode_balancer.affinity.leading("da", chain) == 0
