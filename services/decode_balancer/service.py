@@ -41,6 +41,8 @@ class DecodeBalancer(Balancer[Handoff]):
             retry_after_s=settings.retry_after_s,
         )
         self.affinity = SessionAffinity()
+        self._started_at: dict[str, float] = {}
+        """Per decode worker, the `started_at` of its last report seen here."""
         self.service.endpoint(subjects.HANDOFF, Handoff, self.handoff, queue=subjects.HANDOFF_QUEUE, name="handoff")
         self.service.subscribe(subjects.KV_WARM, KvWarm, self.on_warm, name="kv_warm")  # no queue: every replica
 
@@ -52,6 +54,7 @@ class DecodeBalancer(Balancer[Handoff]):
 
     def choose(self, handoff: Handoff) -> DecodeChoice:
         states = self.runtime.view.routable(time.monotonic(), handoff.request.model)
+        self.forget_restarted(states)
         chain = full_blocks(handoff)
         shares = self.affinity.shares([s.worker_id for s in states], chain)
         choice = choose_decode_worker(states, handoff.num_kv_tokens, self.config, shares)
@@ -59,6 +62,15 @@ class DecodeBalancer(Balancer[Handoff]):
             self.runtime.view.note_routed(choice.worker_id, blocks=choice.num_blocks)
             self.affinity.note(choice.worker_id, chain)  # it will hold them in a moment
         return choice
+
+    def forget_restarted(self, states) -> None:
+        """A worker whose report says it started anew holds none of the chains noted for it: no credit there."""
+        for state in states:
+            started_at = state.report.started_at
+            if self._started_at.setdefault(state.worker_id, started_at) != started_at:
+                self._started_at[state.worker_id] = started_at
+                self.affinity.forget(state.worker_id)
+                log.info("decode worker %s restarted: its session affinity is forgotten", state.worker_id)
 
     async def handoff(self, handoff: Handoff) -> HandoffReply:
         request_id = handoff.request.request_id

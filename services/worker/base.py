@@ -72,6 +72,8 @@ class Worker(Pulling, Reporting, abc.ABC):
         self.js = nc.jetstream()
         self.settings = settings
         self.worker_id = settings.worker_id
+        self.started_at = time.time()
+        """In every load report: balancers tell a restarted worker (an empty pool) from the same id's last life."""
         self.engine = engine
         self.store = store
         self.namespace = store.namespace

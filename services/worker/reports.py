@@ -33,6 +33,7 @@ class Reporting:
     role: str
     decodes: bool
     worker_id: str
+    started_at: float
     namespace: str
     settings: WorkerSettings
     nc: Client
@@ -90,6 +91,7 @@ class Reporting:
             num_backlog=self.num_backlog,
             decodes=self.decodes,
             ranks=rank_loads(self.engine),
+            started_at=self.started_at,
         )
 
     async def refresh_backlog(self) -> None:

@@ -219,3 +219,40 @@ async def test_decode_worker_without_free_blocks_gets_nothing(nc, decode_balance
     reply = await hand_off(nc, 0)  # 20 tokens + the next one need 2 blocks
     assert (reply.accepted, reply.reason) == (False, "overloaded")
     assert (await nc.request(subjects.HANDOFF, b"junk", timeout=5)).data  # a bad message is answered
+
+
+async def test_tier_credits_come_from_the_environment(nc, monkeypatch):
+    """FERRY_{DEVICE,HOST,REMOTE}_TIER_WEIGHT reach the balancer's prefix index (what routing credits a
+    held block with), and a weight outside [0, 1] is refused with its name."""
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("FERRY_HOST_TIER_WEIGHT", "0.4")
+    monkeypatch.setenv("FERRY_REMOTE_TIER_WEIGHT", "0.1")
+    balancer = PrefillBalancer(nc, PrefillBalancerSettings())
+    config = balancer.prefixes.config
+    assert (config.device_weight, config.host_weight, config.remote_weight) == (1.0, 0.4, 0.1)
+    block = b"h0"
+    balancer.prefixes.apply("stored", "ns", "pa", [block], tier="host")
+    balancer.prefixes.apply("stored", "ns", "store", [block])
+    assert balancer.prefixes.cached_tokens({"pa": "ns", "pb": "ns"}, [block], 10) == {"pa": 4, "pb": 1}
+    monkeypatch.setenv("FERRY_HOST_TIER_WEIGHT", "1.5")
+    with pytest.raises(ValidationError, match="host_tier_weight"):
+        PrefillBalancerSettings()
+
+
+async def test_a_restarted_decode_worker_loses_its_session_affinity(nc, decode_balancer):
+    """A turn-end KvWarm credits the worker that decoded it, enough to outweigh a little more load; once that
+    worker's report says it started anew (an empty pool), the credit is gone and load decides."""
+    from ferry.protocol import KvWarm
+    from ferry_services.decode_balancer.service import full_blocks
+
+    warm_one = report("da", role="decode", kv_blocks_used=8, started_at=1.0)
+    await publish_reports(nc, decode_balancer, warm_one, report("db", role="decode", started_at=1.0))
+    chain = full_blocks(handoff(7))
+    await nc.publish(subjects.KV_WARM, encode(KvWarm("turn-1", "ns", chain, worker_id="da")))
+    await wait_until(lambda: decode_balancer.affinity.leading("da", chain) == 1, "the warm-up reached the balancer")
+    assert decode_balancer.choose(handoff(7)).worker_id == "da"
+
+    await publish_reports(nc, decode_balancer, report("da", role="decode", kv_blocks_used=8, started_at=2.0))
+    assert decode_balancer.choose(handoff(7)).worker_id == "db"
+    assert decode_balancer.affinity.leading("da", chain) == 0

@@ -54,3 +54,19 @@ def test_report_renders_from_a_saved_report(tmp_path):
     text = (tmp_path / "README.md").read_text()
     assert "| 2 | 96 | 58 | 1.66 |" in text and "**1.80x**" in text
     assert (tmp_path / "ttft.png").stat().st_size > 1000
+
+
+def test_report_says_both_modes_were_warmed_up(tmp_path):
+    from pathlib import Path
+
+    from ferry.bench.multiturn_report import write_markdown
+
+    saved = Path(__file__).parents[2] / "ops/bench/multiturn/20261204-warm-answers256/multiturn.json"
+    report = __import__("json").loads(saved.read_text())
+    write_markdown(tmp_path / "README.md", report)
+    text = (tmp_path / "README.md").read_text()
+    assert "one turn of 4 unrelated conversations" in text and "Again after the restart" in text
+    assert "| 1 | 86 | 83 | 1.04 |" in text and "**3.27x**" in text
+    report["config"]["warmup_users"] = 0
+    write_markdown(tmp_path / "README.md", report)
+    assert "No warm-up" in (tmp_path / "README.md").read_text()

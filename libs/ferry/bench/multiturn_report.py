@@ -16,6 +16,7 @@ def write_markdown(path: Path, report: dict) -> None:
         f"{config['output_len']} tokens, think time ~{config['think_time_s']} s; model {Path(config['model']).name}.",
         "'off': no host tier, no decode write-back, no prefetch. 'on': all three. Modes run one after the other.",
         f"Prefill worker pool: {config['prefill_kv_blocks']} blocks. Command: `{report.get('command', '')}`",
+        *_warmup_lines(config, modes),
         "",
         "| turn | TTFT p50 off (ms) | TTFT p50 on (ms) | off/on | TTFT p99 off | TTFT p99 on |",
         "|---|---|---|---|---|---|",
@@ -76,6 +77,26 @@ def write_plot(path: Path, report: dict) -> None:
     ax.set_ylabel("TTFT p50 (ms)")
     ax.legend()
     save_figure(fig, path)
+
+
+def _warmup_lines(config: dict, modes: dict) -> list[str]:
+    if not config.get("warmup_users"):
+        return ["No warm-up: turn 1 of the first mode also pays the processes' first-request costs."]
+    first = {m: _p50_turn_1(modes[m].get("warmup")) for m in modes}
+    again = {m: _p50_turn_1(modes[m].get("warmup_after_restart")) for m in modes}
+    return [
+        f"Warm-up: each mode first runs one turn of {config['warmup_users']} unrelated conversations (another "
+        f"seed: no shared blocks), not counted; its TTFT p50 off {first['off']} ms, on {first['on']} ms."
+        + (
+            f" Again after the restart (TTFT p50 off {again['off']} ms, on {again['on']} ms)."
+            if any(m.get("warmup_after_restart") for m in modes.values())
+            else ""
+        )
+    ]
+
+
+def _p50_turn_1(summary: dict | None) -> str:
+    return _f((summary or {}).get("ttft_ms_by_turn", {}).get("1", {}).get("p50"))
 
 
 def _f(value, digits: int = 0) -> str:

@@ -4,7 +4,9 @@ on one nats-server and one redis-server, driven by the same seeded conversations
 'off' is ferry without the multi-turn KV features (no host tier, no decode write-back, no prefetch);
 Each mode: start the services, run `num_turns` turns of every conversation, then
 restart the decode worker (`--restart decode`, the default: its pool and host tier gone, Redis still holding
-blocks) or every worker (`--restart all`) and run one more turn.
+blocks) or every worker (`--restart all`) and run one more turn. Before turn 1, and again before that
+last turn, a warm-up (`--warmup-users` unrelated one-turn conversations, not counted) pays the fresh
+processes' first-request costs, so that both modes' turn 1 (and last turn) start from the same state.
 The report has TTFT p50/p99 per turn, throughput, and the prefill worker's prompt blocks per tier.
 """
 
@@ -16,6 +18,7 @@ import contextlib
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ferry.bench.multiturn import ConversationConfig, Session, make_conversations, run_turns, summarize
@@ -27,6 +30,8 @@ MODES = {
     "off": {"FERRY_HOST_KV_BLOCKS": "0", "FERRY_KV_WRITEBACK": "false", "FERRY_KV_PREFETCH": "false"},
     "on": {"FERRY_HOST_KV_BLOCKS": "512", "FERRY_KV_WRITEBACK": "true", "FERRY_KV_PREFETCH": "true"},
 }
+WARMUP_SEED_OFFSET = 1_000_003
+"""The warm-up's conversations: the bench's seed plus this, so they share no tokens' blocks with the measured ones."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("decode", "all"),
         default="decode",
         help="which workers restart before the last turn (default %(default)s)",
+    )
+    m.add_argument(
+        "--warmup-users",
+        type=int,
+        default=4,
+        help="before turn 1 of each mode and again before the turn after the restart, this many unrelated "
+        "one-turn conversations (own tokens: no shared prefix), so both modes start with warm processes; "
+        "0: none (default %(default)s)",
     )
     m.add_argument(
         "--prefill-kv-blocks", type=int, default=1024, help="the prefill worker's pool (default %(default)s)"
@@ -68,6 +81,7 @@ def run_multiturn(args: argparse.Namespace, out: Path) -> int:
     report["config"]["model"] = str(model)
     report["config"]["prefill_kv_blocks"] = args.prefill_kv_blocks
     report["config"]["restart"] = args.restart
+    report["config"]["warmup_users"] = args.warmup_users
     report["command"] = " ".join(["ferry", *sys.argv[1:]]) if "bench" in sys.argv else ""
     with contextlib.ExitStack() as stack:
         nats = stack.enter_context(servers.start_nats())
@@ -112,29 +126,53 @@ def _run_mode(mode, model, config, nats_url, redis_url, args, run_dir: Path) -> 
     base_url = f"http://127.0.0.1:{ns.port}"
     try:
         _ready(children, base_url)
+        result: dict = {}
+        warm_tiers: dict = {}
+        if args.warmup_users:
+            result["warmup"] = _warm_up(base_url, _model_name(model), config, args.warmup_users)
+            warm_tiers = asyncio.run(_tier_stats(nats_url))
         system, conversations = make_conversations(config)
         session = Session()
         turns, wall_s = asyncio.run(
             run_turns(base_url, _model_name(model), config, conversations, system, session, range(config.num_turns))
         )
-        result = {"turns": summarize(turns, wall_s), "prefix_blocks_by_tier": asyncio.run(_tier_stats(nats_url))}
+        result["turns"] = summarize(turns, wall_s)
+        tiers = asyncio.run(_tier_stats(nats_url))  # the measured turns' share only: less the warm-up's
+        result["prefix_blocks_by_tier"] = {tier: n - warm_tiers.get(tier, 0) for tier, n in tiers.items()}
         for child in [c for c in children if _restarts(c.spec, args.restart)]:  # pools, host tiers gone; Redis kept
             stop_children([child])
             children[children.index(child)] = spawn(child.spec, run_dir)
         _ready(children, base_url)
+        # the prefill worker's counters: this turn's share only (they kept running unless it restarted too)
+        baseline = tiers if args.restart != "all" else {}
+        if args.warmup_users:  # the restarted processes' first-request costs, not this turn's, as before turn 1
+            result["warmup_after_restart"] = _warm_up(base_url, _model_name(model), config, args.warmup_users, 2)
+            baseline = asyncio.run(_tier_stats(nats_url))
         last = range(config.num_turns, config.num_turns + 1)
         after, after_wall_s = asyncio.run(
             run_turns(base_url, _model_name(model), config, conversations, system, session, last)
         )
         result["after_restart"] = summarize(after, after_wall_s)
         after_tiers = asyncio.run(_tier_stats(nats_url))
-        if args.restart != "all":  # the prefill worker's counters kept running: this turn's share only
-            before = result["prefix_blocks_by_tier"]
-            after_tiers = {tier: n - before.get(tier, 0) for tier, n in after_tiers.items()}
-        result["after_restart"]["prefix_blocks_by_tier"] = after_tiers
+        result["after_restart"]["prefix_blocks_by_tier"] = {
+            tier: n - baseline.get(tier, 0) for tier, n in after_tiers.items()
+        }
         return result
     finally:
         stop_children(children)
+
+
+def _warm_up(base_url: str, model_name: str, config: ConversationConfig, num_users: int, nth: int = 1) -> dict:
+    """One turn of `num_users` conversations of the same shape from another seed (another system prompt: no
+    block in common with the measured ones), all at once: the first requests' one-off costs (imports, first
+    kernels, allocations) are paid here in each mode, not in its turn 1."""
+    warm = replace(config, num_users=num_users, seed=config.seed + nth * WARMUP_SEED_OFFSET, think_time_s=0.0)
+    system, conversations = make_conversations(warm)
+    results, wall_s = asyncio.run(run_turns(base_url, model_name, warm, conversations, system, Session(), range(1)))
+    summary = summarize(results, wall_s)
+    if summary["num_errors"]:
+        raise RuntimeError(f"warm-up failed: {summary['errors']}")
+    return summary
 
 
 def _restarts(spec, which: str) -> bool:

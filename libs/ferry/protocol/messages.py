@@ -292,6 +292,9 @@ class LoadReport:
     ranks: list[RankLoad] = field(default_factory=list)
     """A worker group's ranks, rank 0 first (empty: a single-process worker). The totals above are
     the group's; balancers weigh the rank a new sequence would land on."""
+    started_at: float = 0.0
+    """When this worker process started (wall clock; 0 = not said). Another value under the same worker id
+    means it restarted: its pool is empty, whatever a balancer noted of it before (session affinity)."""
 
     def __post_init__(self) -> None:
         _require(self.role in ROLES, "role", self.role, f"must be one of {ROLES}")
