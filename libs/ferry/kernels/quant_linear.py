@@ -52,7 +52,7 @@ def _tiled_from_rows() -> int:
 TILED_FROM_ROWS = _tiled_from_rows()
 """From this many rows of x on, the C++ kernel dequantizes each weight block once into an fp32 buffer and
 multiplies all rows with it (a register-blocked GEMM); below, it dequantizes in registers per pass of a few
-rows (fewer bytes touched). Measured on the AVX2 box with SmolLM2's shapes and every layer's weights
+rows (fewer bytes touched). Measured on a 2-core Zen 5 (AVX-512) with SmolLM2's shapes and every layer's weights
 streamed from memory as in a step (ops/bench/quant/step_rows.py, report 20261204-smollm2-cpu-amd/): the
 register passes are ahead below 64 rows (8 rows: int8 8.9 vs 12.4 ms, int4 6.1 vs 9.8 ms for a step's
 matmuls; 32 rows: 22.9 vs 25.3, 18.9 vs 21.3), the two even at 64, the tiled GEMM ahead from ~128
