@@ -4,6 +4,7 @@ Each variant is a name, environment variables and `ferry up` options; every roun
 once (the order reversed every other round) and sends it the same bursts (seeds 1..K: a fresh seed
 per burst, so no burst finds another's prompts in the prefix cache), then stops it. Prints output
 tok/s per variant and burst, and the mean per variant; the same burst seed is comparable across variants.
+--rate R sends each burst's requests at Poisson arrivals of R requests/s instead of all at once.
 This box's run-to-run spread is large (one call to the next): compare only within one call.
 
     /work/tools/cpu-bench python ops/bench/throughput/ab.py --model DIR --rounds 2 --bursts 3 \\
@@ -26,6 +27,7 @@ from ferry.bench.compare import servers
 from ferry.bench.http_client import CompletionCall
 from ferry.bench.online import OnlineConfig, detect_model, ids_to_text, run_phase
 from ferry.bench.throughput import burst
+from ferry.bench.workload import poisson_arrivals
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str], list[str]]:
@@ -45,6 +47,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--bursts", type=int, default=2, help="bursts per server start (seeds 1..K)")
     p.add_argument("--num-requests", type=int, default=None)
+    p.add_argument("--rate", type=float, default=math.inf, help="Poisson arrivals, requests/s (default: all at once)")
     p.add_argument("--json", type=Path, help="write every figure here")
     args = p.parse_args()
     variants = [parse_variant(v) for v in args.variant]
@@ -53,19 +56,21 @@ def main() -> int:
     for rnd in range(args.rounds):
         order = variants if rnd % 2 == 0 else variants[::-1]
         for name, env, options in order:
-            for row in run_variant(args.model, env, options, vocab, args.bursts, args.num_requests):
+            for row in run_variant(args.model, env, options, vocab, args.bursts, args.num_requests, args.rate):
                 results[name].append({"round": rnd, **row})
-                print(f"round {rnd} {name}: seed {row['seed']} {row['tok_s']:.1f} tok/s", flush=True)
-    print("\nvariant  mean tok/s  (per burst)")
+                tok_s, ttft = row["tok_s"], row["ttft_p50_ms"]
+                print(f"round {rnd} {name}: seed {row['seed']} {tok_s:.1f} tok/s, TTFT p50 {ttft:.0f} ms", flush=True)
+    print("\nvariant  mean tok/s  mean TTFT p50 ms  (tok/s per burst)")
     for name, rows in results.items():
         values = [r["tok_s"] for r in rows]
-        print(f"{name:12s} {statistics.mean(values):8.1f}  {' '.join(f'{v:.0f}' for v in values)}")
+        ttft = statistics.mean(r["ttft_p50_ms"] for r in rows)
+        print(f"{name:12s} {statistics.mean(values):8.1f} {ttft:8.0f}  {' '.join(f'{v:.0f}' for v in values)}")
     if args.json:
         args.json.write_text(json.dumps({"variants": args.variant, "results": results}, indent=1))
     return 0
 
 
-def run_variant(model: Path, env: dict[str, str], options: list[str], vocab: int, bursts: int, num_requests):
+def run_variant(model: Path, env: dict[str, str], options: list[str], vocab: int, bursts: int, num_requests, rate):
     run_dir = Path(tempfile.mkdtemp(prefix="ferry-ab-"))
     port = servers.free_port()
     argv = servers.ferry_up_argv(model, port, run_dir / "ferry-up-run", *options)
@@ -84,10 +89,15 @@ def run_variant(model: Path, env: dict[str, str], options: list[str], vocab: int
             requests = burst.burst_requests(vocab, num_requests, seed)
             calls = [CompletionCall(r.index, ids_to_text(r.prompt_token_ids), r.max_tokens, 1) for r in requests]
             started = time.perf_counter()
-            phase = asyncio.run(run_phase(calls, [0.0] * len(calls), config, "burst", math.inf))
+            arrivals = poisson_arrivals(len(calls), rate, seed)
+            phase = asyncio.run(run_phase(calls, arrivals, config, "burst", math.inf))
             wall = time.perf_counter() - started
-            tokens = sum(r.num_output_tokens for r in phase.results if r.ok)
-            rows.append({"seed": seed, "wall_s": wall, "tokens": tokens, "tok_s": tokens / wall})
+            ok = [r for r in phase.results if r.ok]
+            tokens = sum(r.num_output_tokens for r in ok)
+            ttfts = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
+            row = {"seed": seed, "wall_s": wall, "tokens": tokens, "tok_s": tokens / wall}
+            row["failed"] = len(calls) - len(ok)
+            rows.append({**row, "ttft_p50_ms": statistics.median(ttfts) if ttfts else math.nan})
     finally:
         servers.stop(server)
     return rows
