@@ -35,6 +35,7 @@ from ferry_services.worker.reports import Reporting, describe_engine
 from ferry_services.worker.settings import WorkerSettings
 from ferry_services.worker.slo import WorkerSlo
 from ferry_services.worker.stats import WorkStats
+from ferry_services.worker.writeback import WriteBehind
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,19 @@ class Worker(Pulling, Reporting, abc.ABC):
         self.slo = WorkerSlo(settings, self.role)  # the SLO controller (slo.py); off without FERRY_TPOT_SLO_MS
         self.service.subscribe(subjects.FORECAST_ALL, TrafficForecast, self.slo.on_forecast)
         self.work_stats = WorkStats(self)  # pulled work, steps, tokens, backlog in `nats micro stats`
+        self.write_behind: WriteBehind | None = None
+        """Roles that write finished sequences back (FERRY_KV_WRITEBACK) queue them here (writeback.py)."""
+
+    def engine_is_busy(self) -> bool:
+        """Sequences in the engine, or additions on their way to it."""
+        return bool(self.num_adding) or self.engine.has_unfinished_requests()
+
+    def start_write_behind(self) -> None:
+        """Write finished sequences back while the engine is idle (or once they waited FERRY_KV_WRITEBACK_DELAY_S)."""
+        self.engine.remember_finished(4 * self.settings.max_running)
+        self.write_behind = WriteBehind(
+            self.engine_is_busy, self.settings.kv_writeback_delay_s, 2 * self.settings.max_running
+        )
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self, consumer: WorkConsumer | None = None) -> None:
@@ -109,7 +123,8 @@ class Worker(Pulling, Reporting, abc.ABC):
         self.consumer = self.work_stats.count(consumer or await open_work_consumer(self.js, self.settings))
 
     def background(self) -> list:
-        return [self.engine_loop(), self.pull_loop(), self.report_loop()]
+        loops = [self.engine_loop(), self.pull_loop(), self.report_loop()]
+        return loops + ([self.write_behind.run()] if self.write_behind is not None else [])
 
     async def shutdown(self) -> None:
         """SIGTERM: stop pulling and tell the balancers, let what is here finish within the grace
@@ -121,6 +136,8 @@ class Worker(Pulling, Reporting, abc.ABC):
         deadline = time.monotonic() + grace_s
         while len(self.ledger) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
+        if self.write_behind is not None:  # what finished is written back before the engine goes
+            await self.write_behind.flush()
         if len(self.ledger):
             await self.halt_engine()
             await self.release(self.ledger.release_all())

@@ -30,6 +30,12 @@ class WorkerSettings(ServiceSettings):
         description="decode: when a sequence finishes, write the full blocks it added (its output) to the KV "
         "store, so the next turn of the conversation finds its whole history there",
     )
+    kv_writeback_delay_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="a write-back waits while the engine has work (it runs once the engine is idle), at most "
+        "this long: under a burst the running sequences' steps keep the cores; 0 = at once",
+    )
     num_kv_blocks: int = Field(default=WORKER_NUM_KV_BLOCKS, ge=1, description="blocks in this worker's KV pool")
     block_size: int = Field(default=16, ge=1, description="tokens per KV block")
     host_kv_blocks: int = Field(
