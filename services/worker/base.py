@@ -17,6 +17,7 @@ import abc
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.client import Client
@@ -104,18 +105,28 @@ class Worker(Pulling, Reporting, abc.ABC):
         self.service.subscribe(subjects.FORECAST_ALL, TrafficForecast, self.slo.on_forecast)
         self.work_stats = WorkStats(self)  # pulled work, steps, tokens, backlog in `nats micro stats`
         self.write_behind: WriteBehind | None = None
-        """Roles that write finished sequences back (FERRY_KV_WRITEBACK) queue them here (writeback.py)."""
+        """With FERRY_KV_WRITEBACK_DELAY_S > 0, roles that write finished sequences back (FERRY_KV_WRITEBACK)
+        queue them here (writeback.py); else each is written at once."""
 
     def engine_is_busy(self) -> bool:
         """Sequences in the engine, or additions on their way to it."""
         return bool(self.num_adding) or self.engine.has_unfinished_requests()
 
-    def start_write_behind(self) -> None:
-        """Write finished sequences back while the engine is idle (or once they waited FERRY_KV_WRITEBACK_DELAY_S)."""
+    def start_write_back(self) -> None:
+        """Finished sequences will be written back (FERRY_KV_WRITEBACK): at once, or with
+        FERRY_KV_WRITEBACK_DELAY_S > 0 while the engine is idle (or once they waited that long)."""
         self.engine.remember_finished(4 * self.settings.max_running)
-        self.write_behind = WriteBehind(
-            self.engine_is_busy, self.settings.kv_writeback_delay_s, 2 * self.settings.max_running
-        )
+        if self.settings.kv_writeback_delay_s > 0:
+            self.write_behind = WriteBehind(
+                self.engine_is_busy, self.settings.kv_writeback_delay_s, 2 * self.settings.max_running
+            )
+
+    def queue_write_back(self, write: Callable[[], Awaitable[Any]]) -> None:
+        """Run `write()` (a write-back) now, or behind the engine's work (write-behind, writeback.py)."""
+        if self.write_behind is None:
+            self.spawn(write())
+        else:
+            self.write_behind.add(write)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self, consumer: WorkConsumer | None = None) -> None:

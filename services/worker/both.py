@@ -31,7 +31,7 @@ class BothWorker(PrefillWorker):
         self.num_written_back_blocks = 0
         """Blocks of finished sequences written to the store (FERRY_KV_WRITEBACK)."""
         if self.settings.kv_writeback:
-            self.start_write_behind()
+            self.start_write_back()
         self.pool_changes: deque[tuple[tuple[list[bytes], list[bytes]], ...]] = deque()
         """The pool's and the host tier's (stored, removed) block hashes per step, appended on the engine
         thread (deque: thread-safe)."""
@@ -45,10 +45,10 @@ class BothWorker(PrefillWorker):
     async def after_step(self, outputs: list) -> None:
         finished = [(o.request_id, self.ledger.owner(o.request_id)) for o in outputs if o.finish_reason is not None]
         await Worker.after_step(self, outputs)  # publish the tokens; a finished sequence settles its message
-        if self.write_behind is not None:
+        if self.settings.kv_writeback:
             for sequence_id, request in finished:
                 if request is not None:
-                    self.write_behind.add(functools.partial(self._write_back, sequence_id, request))
+                    self.queue_write_back(functools.partial(self._write_back, sequence_id, request))
         if trace.enabled():
             for out in outputs:
                 trace.hop(out.request_id, "bw.published")

@@ -54,16 +54,16 @@ class DecodeWorker(Worker):
         self.num_written_back_blocks = 0
         """Output blocks of finished sequences written to the store (FERRY_KV_WRITEBACK)."""
         if self.settings.kv_writeback:
-            self.start_write_behind()
+            self.start_write_back()
 
     async def after_step(self, outputs: list) -> None:
-        if self.write_behind is None:
+        if not self.settings.kv_writeback:
             return await super().after_step(outputs)
         finished = [(o.request_id, self.ledger.owner(o.request_id)) for o in outputs if o.finish_reason is not None]
         await super().after_step(outputs)  # tokens out first
         for sequence_id, request in finished:
             if request is not None:
-                self.write_behind.add(functools.partial(self.write_back, sequence_id, request))
+                self.queue_write_back(functools.partial(self.write_back, sequence_id, request))
 
     async def write_back(self, sequence_id: str, request: GenerateRequest) -> None:
         """The full blocks a finished sequence added after its prompt (the prefill worker stored the

@@ -7,14 +7,20 @@ A decode worker skips the prompt's blocks (the prefill worker stored them before
 both-roles worker stored nothing of it yet, so it asks the store how much of the chain it holds (one
 lookup) and writes the rest.
 
-Write-behind (`WriteBehind`): a write-back waits while the engine has work, for at most
-FERRY_KV_WRITEBACK_DELAY_S, and runs as soon as the engine is idle: copying a finished sequence's KV out
+Write-behind (`WriteBehind`, with FERRY_KV_WRITEBACK_DELAY_S > 0; the default 0 writes at once): a
+write-back waits while the engine has work, for at most FERRY_KV_WRITEBACK_DELAY_S, and runs as soon as
+the engine is idle: copying a finished sequence's KV out
 of the pool (on the engine thread) and sending it to Redis cost ~20% of a 2-core box's CPU under a
 burst (issue #22: the bench model's 48-request burst moves ~180 MB of fp32 KV), time the running
 sequences' steps lost. The next turn of a conversation comes after the user has read the answer, when
 the worker is usually idle; what waits longer than the delay is written anyway, so under steady load the
 store lags by at most that. Best effort as before: blocks the pool evicted meanwhile are not written
 (the turn after is recomputed or found in the worker's host tier, never wrong).
+Why it is off by default: the KvWarm that has the next turn's history prefetched goes out after the write,
+so while the worker stays busy (many conversations at once) a delayed write-back means the next turn's
+prefill recomputes the previous answer. The multi-turn bench with a 5 s delay (8 users, answers 256,
+think 1 s): turns >= 2 TTFT p50 on/off ~1.0x instead of 2.5-3.3x. A deployment of single-turn bursts
+on few cores can set it (+9% `ferry up` burst throughput on 2 cores at 5 s, ops/bench/throughput).
 """
 
 from __future__ import annotations
