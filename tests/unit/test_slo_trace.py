@@ -119,12 +119,13 @@ def test_small_slo_bench_writes_goodput_attainment_and_caps(tmp_path):
             threads=1,
             num_windows=4,
             ablation=True,
+            ablation_itl_factors=(1.0,),
             show_progress=False,
         )
         report = run_slo_bench(cfg)
     finally:
         torch.set_num_threads(threads)
-    assert list(report["systems"]) == ["adaptive", "adaptive-fcfs", "fixed-2", "fixed-8"]
+    assert list(report["systems"]) == ["adaptive", "adaptive-fcfs", "adaptive-fcfs-itl1", "fixed-2", "fixed-8"]
     assert report["best_fixed"] in ("fixed-2", "fixed-8")
     assert report["ratios"].keys() >= {"adaptive-fcfs_goodput_vs_best_fixed", "adaptive_goodput_vs_best_fixed"}
     n = report["trace"]["num_requests"]
