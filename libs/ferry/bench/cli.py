@@ -108,6 +108,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run adaptive-fcfs beside adaptive: the adaptive cap and chunk budget, FCFS order, no "
         "TPOT-slack prefill or seats beyond the cap (ablation of the SLO admission)",
     )
+    t.add_argument(
+        "--ablation-itl-factor",
+        type=float,
+        action="append",
+        default=[],
+        help="also run adaptive-fcfs-itl<F>: the ablation with this FCFS chunk rule factor (a step with "
+        "deferrable prefill may take F TPOT targets; default 4); repeatable, an A/B in one run",
+    )
     t.add_argument("--trace-speedup", type=float, help="replay: divide trace times by this (default 1)")
     t.add_argument("--trace-max-requests", type=int, help="replay: the first N requests only")
     from ferry.bench.online import add_url_arguments
@@ -195,6 +203,7 @@ def _run_trace(args: argparse.Namespace, out: Path) -> int:
         trace_speedup=args.trace_speedup or 1.0,
         max_requests=args.trace_max_requests,
         ablation=args.no_slo_admission,
+        ablation_itl_factors=tuple(args.ablation_itl_factor),
         show_progress=not args.no_progress,
     )
     report = run_slo_bench(cfg)

@@ -16,7 +16,7 @@ arrivals, and the adaptive cap over time. Writes report.json, README.md and PNG 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -59,6 +59,10 @@ class SloBenchConfig:
     ablation: bool = False
     """Also run `adaptive-fcfs` beside `adaptive`: the same adaptive cap and chunk budget, without
     SloController.admit (no queue reordering, no TPOT-slack prefill, no seats beyond the cap)."""
+    ablation_itl_factors: tuple[float, ...] = ()
+    """Also run `adaptive-fcfs-itl<F>` for each F: the ablation with ControllerLimits.max_itl_factor
+    F (the FCFS chunk rule: a step with deferrable prefill may take F TPOT targets; default 4):
+    an A/B of that rule in one run."""
     show_progress: bool = True
 
     def __post_init__(self) -> None:
@@ -114,6 +118,8 @@ def run_slo_bench(cfg: SloBenchConfig) -> dict:
     controllers = {"adaptive": adaptive}
     if cfg.ablation:
         controllers[ABLATION] = _adaptive(cfg, trace["duration_s"], targets, admission=False)
+    for factor in cfg.ablation_itl_factors:
+        controllers[f"{ABLATION}-itl{factor:g}"] = _adaptive(cfg, trace["duration_s"], targets, False, factor)
     turns = {
         name: engine_turns(lm, _config(cfg, cfg.adaptive_max_num_seqs), requests, arrivals, name, adaptive=c)
         for name, c in controllers.items()
@@ -130,12 +136,16 @@ def run_slo_bench(cfg: SloBenchConfig) -> dict:
     return report
 
 
-def _adaptive(cfg: SloBenchConfig, duration_s: float, targets: SloTargets, admission: bool) -> AdaptiveLimits:
+def _adaptive(
+    cfg: SloBenchConfig, duration_s: float, targets: SloTargets, admission: bool, itl_factor: float | None = None
+) -> AdaptiveLimits:
     day_s = cfg.day_night.day_s if cfg.trace == "day-night" else duration_s
     forecast = ForecastConfig(
         interval_s=day_s / FORECAST_INTERVALS_PER_DAY, season_intervals=FORECAST_INTERVALS_PER_DAY, horizon_intervals=2
     )
     limits = ControllerLimits(max_num_seqs=cfg.adaptive_max_num_seqs, fixed_num_seqs=32)
+    if itl_factor is not None:
+        limits = replace(limits, max_itl_factor=itl_factor)
     return AdaptiveLimits(targets, limits, role="both", forecast=forecast, keep_history=True, admission=admission)
 
 

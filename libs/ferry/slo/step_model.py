@@ -72,6 +72,17 @@ class StepTimeModel:
         self.num_observations = 0
         self._resid_var = 0.0
 
+    @classmethod
+    def with_coefficients(cls, coefficients: list[float], residual_ms: float, num_observations: int) -> StepTimeModel:
+        """A model that predicts with coefficients fitted elsewhere (step_fit: a probe's batch)."""
+        if len(coefficients) != len(FEATURE_NAMES):
+            raise ValueError(f"coefficients={coefficients}: need one per {FEATURE_NAMES}")
+        model = cls(forgetting=1.0)
+        model.theta = list(coefficients)
+        model._resid_var = residual_ms * residual_ms
+        model.num_observations = num_observations
+        return model
+
     @property
     def is_ready(self) -> bool:
         """Enough steps seen for predictions worth acting on."""
