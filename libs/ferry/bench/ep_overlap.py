@@ -15,8 +15,9 @@ fewer tokens also waits, for the busier one, in its collectives: the expert load
 the ranks is reported beside, and so is the exposed communication: per collective, the wait of
 the rank that waited least (the last to arrive waits for the transfer only, not for a late peer),
 summed over the step's collectives; --eplb N first places the experts by EPLB from N prefill steps'
-routing (one spare slot per rank for copies). Writes overlap.json (summary, per-step raw samples)
-and overlap.png.
+routing (one spare slot per rank for copies). --pin 1 (the default) pins each rank process to
+its own core, with gloo's threads (the report's params say which cores each rank ran on).
+Writes overlap.json (summary, per-step raw samples) and overlap.png.
 On CUDA (NCCL, one GPU per rank, so >= 2 GPUs: ops/bench/ep/overlap_gpu.sh) wait() only orders
 streams and does not block the host: steps are timed with a device synchronize and only step
 times and their ratios are reported; the hidden fractions are null there.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -128,7 +130,18 @@ def _measure_decode(engine, layers, args, rank) -> dict[str, list]:
     return samples
 
 
+def _pin(rank: int, args: argparse.Namespace) -> list[int]:
+    """--pin 1: this rank process on its own core (rank i on the i-th core it may use, cycling when
+    there are more ranks than cores), before the group starts, so gloo's threads, created at init,
+    inherit it and run on the rank's core instead of the other rank's; -> the cores it runs on."""
+    if args.pin:
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
+    return sorted(os.sched_getaffinity(0))
+
+
 def _rank_main(rank: int, args: argparse.Namespace, address: GroupAddress, model: str, queue) -> None:
+    cores = _pin(rank, args)
     torch.set_num_threads(args.torch_threads)
     init_group(address, rank, args.ranks, args.device)
     config = EngineConfig(
@@ -146,6 +159,7 @@ def _rank_main(rank: int, args: argparse.Namespace, address: GroupAddress, model
         _balance_experts(engine, rank, args)
     layers = [layer for _, layer in expert_parallel_layers(engine.lm)]
     result = {
+        "cores": cores,
         "prefill": _measure_prefill(engine, layers, args, rank),
         "decode": _measure_decode(engine, layers, args, rank),
     }
@@ -237,7 +251,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     for name, default in dict(
         ranks=2, prefill_seqs=4, prefill_len=128, decode_seqs=32, decode_context=64, rounds=4, steps=5,
-        kv_blocks=256, torch_threads=1, eplb=0,
+        kv_blocks=256, torch_threads=1, eplb=0, pin=1,
     ).items():  # fmt: skip
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     args = parser.parse_args()
@@ -246,7 +260,8 @@ def main() -> None:
     mp.spawn(_rank_main, args=(args, GroupAddress.free_local(), str(model), queue), nprocs=args.ranks)
     per_rank = queue.get()
     result = summarise(per_rank, args.device, args.steps)
-    report = {"params": vars(args) | {"out": str(args.out)}, "result": result, "raw": per_rank}
+    cores = {rank: data.pop("cores") for rank, data in enumerate(per_rank)}
+    report = {"params": vars(args) | {"out": str(args.out), "cores_per_rank": cores}, "result": result, "raw": per_rank}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "overlap.json").write_text(json.dumps(report, indent=2))
     plot(report, args.out / "overlap.png")
