@@ -15,8 +15,9 @@ fewer tokens also waits, for the busier one, in its collectives: the expert load
 the ranks is reported beside, and so is the exposed communication: per collective, the wait of
 the rank that waited least (the last to arrive waits for the transfer only, not for a late peer),
 summed over the step's collectives; --eplb N first places the experts by EPLB from N prefill steps'
-routing (one spare slot per rank for copies). --pin 1 (the default) pins each rank process to
-its own core, with gloo's threads (the report's params say which cores each rank ran on).
+routing (one spare slot per rank for copies). --pin 1 pins each rank process to its own core,
+with gloo's threads (the report's params say which cores each rank ran on); the default 0 leaves
+them free: on 2 cores pinning made steps 5-10% faster but hid less (ops/bench/ep/README.md).
 Writes overlap.json (summary, per-step raw samples) and overlap.png.
 On CUDA (NCCL, one GPU per rank, so >= 2 GPUs: ops/bench/ep/overlap_gpu.sh) wait() only orders
 streams and does not block the host: steps are timed with a device synchronize and only step
@@ -251,7 +252,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     for name, default in dict(
         ranks=2, prefill_seqs=4, prefill_len=128, decode_seqs=32, decode_context=64, rounds=4, steps=5,
-        kv_blocks=256, torch_threads=1, eplb=0, pin=1,
+        kv_blocks=256, torch_threads=1, eplb=0, pin=0,
     ).items():  # fmt: skip
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     args = parser.parse_args()
