@@ -116,9 +116,10 @@ def test_a_step_with_prefill_may_take_a_few_tpot_targets():
     assert two > 2 * one
 
 
-def test_the_cap_keeps_room_for_what_the_arrivals_keep_running():
-    # documents at 12 req/s: the prefill they bring leaves a step room for 8 decodes, but 12 req/s
-    # x 40 tokens x ~40 ms keep ~19 running: a cap of 8 would only queue them past their TTFT
+def test_the_cap_keeps_room_for_what_the_arrivals_keep_running_below_capacity_only():
+    # documents: at 6 req/s (capacity ~6.5) the arrivals keep ~1.5 x 10 running in bursts, and the
+    # cap is raised for them (within the decode-only cap); at 12 req/s (overloaded) it is not:
+    # what the cap in target cannot take queues (test_slo_overload.py)
     model, targets = trained(), SloTargets(tpot_ms=40.0)
     ctl, prefill_only = (
         SloController(model, targets),
@@ -126,8 +127,11 @@ def test_the_cap_keeps_room_for_what_the_arrivals_keep_running():
     )
     mix = TokenMix(mean_prompt_tokens=700, mean_output_tokens=40)
     decode_only = max(b for b in range(4, 257) if machine_ms(b, 0, b * mix.mean_context_tokens) <= 40.0)
-    held, busy = prefill_only.decode_plan(mix, True, 12.0), ctl.decode_plan(mix, True, 12.0)
-    assert held.max_num_seqs < decode_only == busy.max_num_seqs  # raised, but never past a decode-only step
-    assert busy.capacity_rps == held.capacity_rps < 12.0  # the role still says it needs more replicas
+    held, busy = prefill_only.decode_plan(mix, True, 6.0), ctl.decode_plan(mix, True, 6.0)
+    assert not busy.is_overloaded and 6.0 <= busy.capacity_rps == held.capacity_rps
+    assert held.max_num_seqs < busy.max_num_seqs <= decode_only  # raised, but never past a decode-only step
+    over = ctl.decode_plan(mix, True, 12.0)
+    assert over.is_overloaded and over.capacity_rps < 12.0  # the role still says it needs more replicas
+    assert over.max_num_seqs == prefill_only.decode_plan(mix, True, 12.0).max_num_seqs < busy.max_num_seqs
     light = ctl.decode_plan(mix, True, 0.2)  # a light load keeps ~1 running: the cap is the planned one
     assert light.max_num_seqs == prefill_only.decode_plan(mix, True, 0.2).max_num_seqs

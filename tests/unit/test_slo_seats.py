@@ -93,15 +93,13 @@ def test_a_light_load_of_documents_plans_with_the_prefill_that_arrives_not_a_ful
     assert step <= 50.0 + 1.0  # the model's fit is close, not exact
     overloaded = ctl.decode_plan(DOCUMENTS, rate_rps=100.0)  # every step carries a full batch's prefill
     assert overloaded.capacity_rps == pytest.approx(ctl.decode_plan(DOCUMENTS).capacity_rps)
-    assert overloaded.max_num_seqs > full  # but 100 req/s keep more running: the decode-only cap
+    assert overloaded.max_num_seqs == full and overloaded.is_overloaded  # the rest queue (test_slo_overload.py)
 
 
-def test_when_prefill_alone_breaks_tpot_the_cap_is_the_decode_only_one_not_the_minimum():
+def test_when_prefill_alone_breaks_tpot_the_cap_is_the_minimum_not_the_decode_only_one():
     plan = controller(tpot_ms=25.0).decode_plan(DOCUMENTS)  # 4 seqs with a full batch's prefill: ~31 ms
-    assert not plan.is_feasible and plan.max_num_seqs > ControllerLimits().min_num_seqs
-    per_seq = DOCUMENTS.mean_context_tokens
-    b = plan.max_num_seqs
-    assert machine_ms(b, 0, b * per_seq) <= 25.0 + 0.5 and machine_ms(b + 1, 0, (b + 1) * per_seq) > 25.0 - 0.5
+    assert not plan.is_feasible and plan.is_overloaded and plan.capacity_rps == 0.0
+    assert plan.max_num_seqs == ControllerLimits().min_num_seqs  # the decode-only cap would be ~8
 
 
 def running(num, first_token_s, num_after_first, num_remaining):

@@ -180,6 +180,7 @@ def build_report(cfg, trace, requests, arrivals, results, controllers, targets) 
         windows[name] = _attainment(window_of, good, cfg.num_windows)
     for name, controller in controllers.items():
         windows[f"{name}_cap"] = _cap_windows(controller, edges)
+        systems[name]["cap_changes"] = cap_changes(controller.history or [])
     best_fixed = max((n for n in systems if n.startswith("fixed-")), key=lambda n: systems[n]["goodput_rps"])
     best = systems[best_fixed]["goodput_rps"]
     ceiling = len(requests) / duration / best if best else None
@@ -229,6 +230,17 @@ def _attainment(window_of: list[int], good: set[int], num_windows: int) -> list[
         total[w] += 1
         ok[w] += i in good
     return [o / t if t else None for o, t in zip(ok, total)]
+
+
+def cap_changes(history: list) -> dict[str, int]:
+    """How often the cap moved from one step to the next: as planned, after the smoothing, and in
+    force (with the seats admission adds)."""
+    counts = {"steps": len(history), "planned": 0, "smoothed": 0, "in_force": 0}
+    for before, after in zip(history, history[1:]):
+        counts["planned"] += before.planned_num_seqs != after.planned_num_seqs
+        counts["smoothed"] += before.smoothed_num_seqs != after.smoothed_num_seqs
+        counts["in_force"] += before.max_num_seqs != after.max_num_seqs
+    return counts
 
 
 def _cap_windows(adaptive: AdaptiveLimits, edges: list[float]) -> dict[str, list]:

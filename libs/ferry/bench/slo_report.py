@@ -87,8 +87,21 @@ def write_markdown(out_dir: Path, report: dict) -> None:
             f"| {_fmt(s['ttft_ms']['p50'])} / {_fmt(s['ttft_ms']['p90'])} | {_fmt(s['tpot_ms']['p50'])} / "
             f"{_fmt(s['tpot_ms']['p90'])} | {s['busy_s']:.1f} |"
         )
-    lines += ["", *[f"![{p}]({p})" for p in report.get("plots", [])], ""]
+    lines += ["", *_changes(report), *[f"![{p}]({p})" for p in report.get("plots", [])], ""]
     (out_dir / "README.md").write_text("\n".join(lines))
+
+
+def _changes(report: dict) -> list[str]:
+    """How often each adaptive system's cap moved step to step (planned / smoothed / in force)."""
+    out = []
+    for name, s in report["systems"].items():
+        c = s.get("cap_changes")
+        if c:
+            out.append(
+                f"- {name}: the cap moved in {c['planned']} of {c['steps']} steps as planned, "
+                f"{c['smoothed']} after the smoothing, {c['in_force']} in force (seats included)."
+            )
+    return [*out, ""] if out else []
 
 
 def _ablation(report: dict) -> str:

@@ -9,16 +9,18 @@ a published TrafficForecast). Roles: 'both' and 'decode' get a decode cap (with,
 share of prefill in every step) and a chunk budget that keeps the step in the TPOT target;
 'prefill' keeps its cap and gets the chunk that keeps a step within half the TTFT target.
 
-What the controller plans with is what the engine holds NOW where it can: the token mix of the
-requests waiting and running (prompt lengths are known at arrival, output limits too) once at
-least MIN_PRESENT are there, else the forecaster's EWMA over past arrivals; the arrival rate
-(how much prefill a step carries below saturation) is the forecast's peak. With `admission`
-(the default), SloController.admit also reorders the waiting queue (prompts that can still meet
-the TTFT target first, the late behind them), sizes the chunk from the running decodes' TPOT
-slack and raises the cap for on-time prompts it would hold past their TTFT target (when that
-keeps the running requests' TPOT, or loses fewer than it saves); a running decode's first-token
-time is taken as the first before_step that sees it decoding. No torch here: the engine is used
-only through set_limits, reorder_waiting, prompts, running_decodes, decode_load and last_step.
+The planned cap goes through a CapSmoother (hysteresis: ControllerLimits.cap_band, cap_hold_steps)
+before admission adds its seats. What the controller plans with is what the engine holds NOW where
+it can: the token mix of the requests waiting and running (prompt lengths are known at arrival,
+output limits too) once at least MIN_PRESENT are there, else the forecaster's EWMA over past
+arrivals; the arrival rate (how much prefill a step carries below saturation) is the forecast's
+peak. With `admission` (the default), SloController.admit also reorders the waiting queue (prompts
+that can still meet the TTFT target first, the late behind them), sizes the chunk from the running
+decodes' TPOT slack and raises the cap for on-time prompts it would hold past their TTFT target
+(when that keeps the running requests' TPOT, or loses fewer than it saves); a running decode's
+first-token time is taken as the first before_step that sees it decoding. No torch here: the engine
+is used only through set_limits, reorder_waiting, prompts, running_decodes, decode_load and
+last_step.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ferry.slo import (
+    CapSmoother,
     ControllerLimits,
     ForecastConfig,
     Plan,
@@ -53,6 +56,11 @@ class LimitsSample:
     desired_replicas: int
     num_late: int = 0
     """Waiting prompts the controller put behind the others (past saving for the TTFT target)."""
+    planned_num_seqs: int = 0
+    """The cap the controller planned this step, before the smoothing (max_num_seqs: after the
+    smoothing and the seats admission added)."""
+    smoothed_num_seqs: int = 0
+    """The planned cap after the smoothing (CapSmoother), before the seats."""
 
 
 class AdaptiveLimits:
@@ -69,6 +77,10 @@ class AdaptiveLimits:
         self.admission = admission
         self.model = StepTimeModel()
         self.controller = SloController(self.model, targets, limits)
+        lim = self.controller.limits
+        self.smoother = CapSmoother(lim.cap_band, lim.cap_hold_steps)
+        self._planned = (0, 0)
+        """(planned, smoothed) cap of the last decode plan, for the history."""
         self.forecaster = TrafficForecaster(forecast or ForecastConfig())
         self.plan: Plan | None = None
         self.desired_replicas = 1
@@ -109,14 +121,18 @@ class AdaptiveLimits:
         engine.set_limits(max_num_seqs=cap, max_num_batched_tokens=budget)
         self.desired_replicas = self.controller.desired_replicas(self.forecast_rps, plan, self.desired_replicas)
         if self.history is not None:
-            self.history.append(LimitsSample(now_s, cap, chunk, self.desired_replicas, num_late))
+            planned, smoothed = self._planned
+            self.history.append(LimitsSample(now_s, cap, chunk, self.desired_replicas, num_late, planned, smoothed))
 
     def _decode_limits(self, engine, now_s: float) -> tuple[Plan, int, int]:
         """(plan, chunk budget, late prompts) of a decoding role; reorders the queue with admission."""
         waiting, head, running = engine.prompts(), engine.prompts(waiting=False), engine.running_decodes()
         self._track_first_tokens(running, now_s)
         mix = self.mix_now(waiting, head, running)
-        plan = self.plan = self.controller.decode_plan(mix, self.role == "both", self.forecast_rps)
+        plan = self.controller.decode_plan(mix, self.role == "both", self.forecast_rps)
+        smoothed = self.smoother.update(plan.max_num_seqs) if plan.is_model_ready else plan.max_num_seqs
+        self._planned = (plan.max_num_seqs, smoothed)
+        plan = self.plan = replace(plan, max_num_seqs=smoothed)
         num_decoding, num_context = engine.decode_load()
         if not self.admission:
             return plan, self.controller.chunk_budget(num_decoding, num_context, engine.prefill_backlog(), now_s), 0

@@ -39,9 +39,15 @@ class ControllerLimits:
     """The cap before the model is ready."""
     fixed_chunk_tokens: int = 2048
     arrival_headroom: float = 1.5
-    """decode_plan: the cap is at least this many times the sequences the forecast rate keeps
-    running on average (Little's law), within the decode-only cap: Poisson arrivals and bursts
-    run above their mean."""
+    """decode_plan, not overloaded: the cap is at least this many times the sequences the forecast
+    rate keeps running on average (Little's law), within the decode-only cap: Poisson arrivals and
+    bursts run above their mean. Overloaded it does not apply (the cap in target serves the most)."""
+    cap_band: float = 0.15
+    """CapSmoother: a planned cap within this share (and at least 1 sequence) of the cap in force
+    leaves it as it is."""
+    cap_hold_steps: int = 4
+    """CapSmoother: a planned cap outside the band moves the cap only once this many consecutive
+    plans lie outside it on the same side (then to the nearest of them)."""
     target_utilization: float = 0.8
     """Replicas are sized so the forecast uses this share of their SLO capacity (queueing room)."""
     max_itl_factor: float = 4.0
@@ -70,6 +76,10 @@ class ControllerLimits:
         for name in ("on_time_share", "slack_share"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"ControllerLimits.{name}={getattr(self, name)}: must be in (0, 1]")
+        if not 0 <= self.cap_band < 1:
+            raise ValueError(f"ControllerLimits.cap_band={self.cap_band}: must be in [0, 1)")
+        if not self.cap_hold_steps >= 1:
+            raise ValueError(f"ControllerLimits.cap_hold_steps={self.cap_hold_steps}: must be >= 1")
         if not self.arrival_headroom >= 0:
             raise ValueError(f"ControllerLimits.arrival_headroom={self.arrival_headroom}: must be >= 0")
         if not 0 < self.target_utilization <= 1:
@@ -101,7 +111,10 @@ class Plan:
     is_model_ready: bool
     is_feasible: bool = True
     """False: not even min_num_seqs meets the TPOT target with the prefill in its steps; the cap is
-    then the largest whose decode-only step meets it (min_num_seqs if none) and capacity_rps is 0."""
+    then min_num_seqs and capacity_rps is 0."""
+    is_overloaded: bool = False
+    """The forecast rate is above capacity_rps (or infeasible): the cap is the one whose step holds
+    the TPOT target, and what it cannot take queues."""
 
 
 @dataclass(slots=True, frozen=True)
