@@ -144,6 +144,8 @@ class Generation:
         queue = self._queue
         assert queue is not None, "start() first"
         self._waiting_since = time.monotonic()
+        if not queue.empty():  # no timer for an event already here (most of them, under load)
+            return queue.get_nowait()
         while True:
             left = self._waiting_since + self.timeout_s - time.monotonic()
             if left <= 0:

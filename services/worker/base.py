@@ -36,6 +36,7 @@ from ferry_services.worker.reports import Reporting, describe_engine
 from ferry_services.worker.settings import WorkerSettings
 from ferry_services.worker.slo import WorkerSlo
 from ferry_services.worker.stats import WorkStats
+from ferry_services.worker.streaming import TokenStream
 from ferry_services.worker.writeback import WriteBehind
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,8 @@ class Worker(Pulling, Reporting, abc.ABC):
         self.ledger = RequestLedger()
         is_cancelled = self.ledger.cancelled.__contains__
         self.handoffs = HandoffSender(nc, store, self.worker_id, settings.block_size, is_cancelled)
+        self.stream = TokenStream(nc, self.worker_id, settings.stream_interval_ms / 1000)
+        """Token events out, held back per stream for FERRY_STREAM_INTERVAL_MS (coalesce.py)."""
         self.has_work = asyncio.Event()
         self.has_room = asyncio.Event()
         self.num_adding = 0
@@ -157,6 +160,7 @@ class Worker(Pulling, Reporting, abc.ABC):
         if is_group(self.engine):  # its ranks stop before the engine thread they are tied to ends
             await self.compute.call(self.engine.close)
         self.compute.close()
+        self.stream.close()
 
     async def release(self, held: list[Held]) -> None:
         """What is still here at the end of the grace period goes back to the gateway, which
@@ -209,6 +213,7 @@ class Worker(Pulling, Reporting, abc.ABC):
             await asyncio.wait_for(self.parked.wait(), HALT_TIMEOUT_S)
         except asyncio.TimeoutError:
             log.warning("the engine loop did not stop within %.0f s", HALT_TIMEOUT_S)
+        await self.stream.flush()  # every token the engine produced is with the gateway
 
     def step(self) -> Any:
         """Runs on the engine thread."""
@@ -226,10 +231,10 @@ class Worker(Pulling, Reporting, abc.ABC):
                 await self.apply(self.ledger.finished(out.request_id))
 
     async def publish_outputs(self, outputs: list) -> None:
-        for gateway_id, batch in batch_by_gateway(outputs, self.ledger.owner, self.worker_id).items():
-            await self.nc.publish(subjects.out(gateway_id), encode(batch))
+        await self.stream.publish(batch_by_gateway(outputs, self.ledger.owner, self.worker_id))
 
     async def publish_error(self, request: GenerateRequest, code: str, message: str, retryable: bool) -> None:
+        await self.stream.flush(request.request_id)  # its tokens held back go first
         error = ErrorEvent(request.request_id, code, message, retryable, attempt=request.attempt)
         await self.nc.publish(subjects.out(request.gateway_id), encode(OutputBatch(self.worker_id, errors=[error])))
 

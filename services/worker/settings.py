@@ -47,6 +47,12 @@ class WorkerSettings(ServiceSettings):
         "and loaded back instead of fetched or recomputed; prefetched blocks land here too; 0 = off",
     )
     max_running: int = Field(default=64, ge=1, description="most sequences in the engine at once")
+    stream_interval_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="hold a stream's token events up to this long and send them as one event (the first and "
+        "the last token go at once): fewer messages, SSE events and client reads per token; 0 = every step",
+    )
     max_batch_tokens: int = Field(default=2048, ge=1, description="token budget of one engine step")
     max_num_seqs: int | None = Field(
         default=None,

@@ -21,6 +21,9 @@ so while the worker stays busy (many conversations at once) a delayed write-back
 prefill recomputes the previous answer. The multi-turn bench with a 5 s delay (8 users, answers 256,
 think 1 s): turns >= 2 TTFT p50 on/off ~1.0x instead of 2.5-3.3x. A deployment of single-turn bursts
 on few cores can set it (+9% `ferry up` burst throughput on 2 cores at 5 s, ops/bench/throughput).
+`ferry up` sets 5 s when one worker of layout both serves everything (its default on <= 4 cores): no
+other worker is there to prefetch a conversation from the store, and the next turn finds its history in
+this worker's pool (or host tier), so the delay costs that deployment nothing but a store that lags.
 """
 
 from __future__ import annotations

@@ -164,6 +164,7 @@ class Client:
         self.finished: dict[str, str] = {}
         self.errors = []
         self.workers_seen: dict[str, set[str]] = {}
+        self.event_sizes: dict[str, list[int]] = {}
 
     async def start(self) -> None:
         await self.nc.subscribe(subjects.out("gw"), cb=self._on_output)
@@ -175,6 +176,7 @@ class Client:
             got = self.tokens.setdefault(event.request_id, [])
             assert event.index == len(got), f"{event.request_id}: index {event.index} after {len(got)} tokens"
             got.extend(event.token_ids)
+            self.event_sizes.setdefault(event.request_id, []).append(len(event.token_ids))
             self.workers_seen.setdefault(event.request_id, set()).add(batch.worker_id)
             if event.finish_reason:
                 self.finished[event.request_id] = event.finish_reason
@@ -212,6 +214,29 @@ async def test_greedy_output_through_both_workers_equals_the_engine_in_process(s
     decode_worker = system.workers["decode-t"]
     assert (decode_worker.num_transferred, decode_worker.num_recomputed) == (len(PROMPTS), 0)
     assert system.workers["prefill-t"].handoffs.num_accepted == len(PROMPTS)
+
+
+async def test_tokens_held_back_per_stream_arrive_whole_and_in_order(
+    nc, nats_url, redis_url, redis, tiny_model, reference
+):
+    """FERRY_STREAM_INTERVAL_MS: the first token at once (from the prefill worker), the decode worker's
+    tokens in fewer, larger events (Client checks every event's index), the last one with the finish."""
+    system = System(nats_url, redis_url, tiny_model, stream_interval_ms=300)
+    await system.start()
+    await system.until_reported()
+    try:
+        client = Client(nc)
+        await client.start()
+        replies = [await client.submit(f"r{i}", p) for i, p in enumerate(PROMPTS)]
+        assert all(r.accepted for r in replies), replies
+        await client.wait_finished([f"r{i}" for i in range(len(PROMPTS))])
+        assert client.errors == []
+        assert client.tokens == reference
+        assert all(sizes[0] == 1 for sizes in client.event_sizes.values())
+        assert sum(len(sizes) for sizes in client.event_sizes.values()) < sum(map(len, reference.values()))
+        assert system.workers["decode-t"].stream.num_held == 0
+    finally:
+        await system.stop()
 
 
 async def test_missing_kv_blocks_are_recomputed_counted_and_still_exact(system, client, reference, redis):

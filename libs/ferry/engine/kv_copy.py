@@ -138,8 +138,13 @@ class KvCopier:
         return OutCopy(host, done)
 
     def _gather(self, block_ids: Sequence[int]) -> torch.Tensor:
+        """-> [n, *block_shape], contiguous, in one copy (index_select then contiguous() copied twice: a
+        turn's write-back moves ~16 KB a token on the bench model, on the engine thread)."""
         index = self._index(block_ids)
-        return self.kv.data.index_select(3, index).permute(3, 0, 1, 2, 4, 5).contiguous()
+        by_block = self.kv.data.permute(3, 0, 1, 2, 4, 5)  # a view: [N, L, planes, H, bs, D]
+        if self.is_cuda or not len(index):
+            return by_block[index]  # one gather kernel
+        return torch.stack([by_block[i] for i in block_ids])  # on the CPU ~2x faster than the indexing op
 
     def _pinned_like(self, tensor: torch.Tensor, counted: bool) -> torch.Tensor | None:
         nbytes = tensor.numel() * tensor.element_size()

@@ -21,6 +21,10 @@ SMALL_MACHINE_CORES = 4
 processes would fight over the cores, and every sequence's KV would cross Redis for nothing."""
 SUPPORT_NICE = 5
 """--support-nice default on small machines."""
+STREAM_INTERVAL_MS = 20.0
+"""--stream-interval-ms default on small machines: tokens of a stream sent together for up to this long."""
+ONE_WORKER_WRITEBACK_DELAY_S = 5.0
+"""--kv-writeback-delay-s default when one worker of layout both serves everything."""
 
 
 @dataclass(slots=True)
@@ -122,6 +126,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="niceness added to the gateway, balancers and kvcache, so that on a busy CPU the workers' "
         f"OpenMP teams are preempted less (default {SUPPORT_NICE} on <= {SMALL_MACHINE_CORES} cores, else 0)",
     )
+    parser.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        help="workers hold a stream's tokens up to this long and send them as one event (the first and last "
+        "token at once), so the gateway and the client handle fewer, larger SSE events: CPU the model's cores "
+        f"keep (default: FERRY_STREAM_INTERVAL_MS, else {STREAM_INTERVAL_MS:g} on <= {SMALL_MACHINE_CORES} "
+        "cores, else 0 = every token at once)",
+    )
+    parser.add_argument(
+        "--kv-writeback-delay-s",
+        type=float,
+        help="a finished sequence's KV is written to the store once the worker is idle or after this long "
+        "(FERRY_KV_WRITEBACK_DELAY_S; 0 = at once). Default: FERRY_KV_WRITEBACK_DELAY_S, else "
+        f"{ONE_WORKER_WRITEBACK_DELAY_S:g} with one worker of layout both (no other worker fetches a "
+        "conversation's history from the store: the next turn finds it in this worker's pool), else 0",
+    )
     parser.add_argument("--run-dir", type=Path, help="logs and the demo model (default: a new temp folder)")
     parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for readiness")
 
@@ -140,6 +160,14 @@ def resolve_layout(args: argparse.Namespace, num_cores: int | None = None) -> No
         raise SystemExit("ferry up: --workers, --prefill-workers and --decode-workers must be >= 1")
     if getattr(args, "support_nice", None) is None:
         args.support_nice = SUPPORT_NICE if num_cores <= SMALL_MACHINE_CORES else 0
+    if getattr(args, "stream_interval_ms", None) is None:
+        from_env = os.environ.get("FERRY_STREAM_INTERVAL_MS")
+        small = STREAM_INTERVAL_MS if num_cores <= SMALL_MACHINE_CORES else 0.0
+        args.stream_interval_ms = float(from_env) if from_env else small
+    if getattr(args, "kv_writeback_delay_s", None) is None:
+        from_env = os.environ.get("FERRY_KV_WRITEBACK_DELAY_S")
+        one_worker = ONE_WORKER_WRITEBACK_DELAY_S if args.layout == "both" and args.workers == 1 else 0.0
+        args.kv_writeback_delay_s = float(from_env) if from_env else one_worker
     if args.torch_threads is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
         args.torch_threads = int(os.environ["OMP_NUM_THREADS"])  # the caller's choice, as before --torch-threads
     _resolve_ep_sizes(args)
@@ -179,6 +207,8 @@ def plan_services(args: argparse.Namespace, model_dir: Path, nats_url: str, redi
             ("FERRY_MAX_RUNNING", args.max_running),
             ("FERRY_MAX_BATCH_TOKENS", args.max_batch_tokens),
             ("OMP_NUM_THREADS", args.torch_threads),
+            ("FERRY_STREAM_INTERVAL_MS", getattr(args, "stream_interval_ms", None)),
+            ("FERRY_KV_WRITEBACK_DELAY_S", getattr(args, "kv_writeback_delay_s", None)),
         )
         if v is not None
     }
