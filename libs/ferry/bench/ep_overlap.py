@@ -7,13 +7,15 @@ fraction of the all-to-all time the overlap hides.
 
 Spawns --ranks rank processes holding a random `bench`-size DeepSeek-V3 (MLA + 16 routed experts).
 Prefill: each rank prefills --prefill-seqs prompts of --prefill-len tokens in one step. Decode:
-each rank decodes --decode-seqs sequences. After --warmup triples (not kept), --rounds rounds of
---prefill-steps / --decode-steps triples: a triple is one step of each mode back to back, the order
-rotating, so the modes are compared in pairs of steps taken a second apart. The hidden fraction
-(ferry.bench.ep_overlap_stats: saved step time over the sequential step's all-to-all time) is given
-over the run and per round. --pin: none (the default), rank (each rank process on its own core,
-gloo's threads with it) or compute (only the rank's compute thread on its own core, gloo's threads
-free); the report's params say which cores every thread of each rank could run on.
+each rank decodes --decode-seqs sequences. After --prefill-warmup / --decode-warmup triples (not
+kept), --rounds rounds of --prefill-steps / --decode-steps triples: a triple is one step of each mode
+back to back, the order rotating, so the modes are compared in pairs of steps taken a second apart.
+The hidden fraction of the all-to-all time (ferry.bench.ep_overlap_stats: what the all-to-alls add
+to the critical rank's step, overlapped against sequential, counting compute the overlapped
+transfers slowed) is given over the run and per round. --phases prefill or decode: one only.
+--pin: none (the default), rank (each rank process on its own core, gloo's threads with it) or
+compute (only the rank's compute thread on its own core, gloo's threads free); the report's params
+say which cores every thread of each rank could run on.
 Writes overlap.json (summary, per-step raw samples) and overlap.png.
 On CUDA (NCCL, one GPU per rank, so >= 2 GPUs: ops/bench/ep/overlap_gpu.sh) wait() only orders
 streams and does not block the host: steps are timed with a device synchronize and only step
@@ -37,6 +39,7 @@ import torch.multiprocessing as mp
 from ferry.bench.ep_overlap_stats import plot, summarise
 from ferry.engine.config import EngineConfig
 from ferry.model.make_model import make_model
+from ferry.parallel.comm_threads import cpu_seconds, gloo_threads, thread_cores
 from ferry.parallel.eplb import EplbConfig
 from ferry.parallel.lockstep import GroupAddress, init_group, leave_group, load_rank_engine
 from ferry.parallel.overlap import MODES
@@ -56,15 +59,18 @@ def _timed_step(engine, layers, device: str) -> dict:
     """One step of this rank, after a barrier aligns the ranks -> its sample (ep_overlap_stats):
     seconds of the step, blocked in the layers' all-to-alls (in all, by collective, and every wait in
     the order every rank waits) and in the runner's all-gather, and the (token, expert) rows this
-    rank's experts computed."""
+    rank's experts computed; and the CPU seconds gloo's threads ran meanwhile (its copies)."""
+    gloo = gloo_threads()
     dist.barrier()
     engine.runner.comm_wait_s = 0.0
     for layer in layers:
         layer.comm_wait_s, layer.comm_wait_by_kind, layer.comm_waits, layer.computed_tokens = 0.0, {}, [], 0
+    gloo_cpu_s = cpu_seconds(gloo)
     start = time.perf_counter()
     engine.step()
     _sync(device)
     elapsed = time.perf_counter() - start
+    gloo_cpu_s = cpu_seconds(gloo) - gloo_cpu_s
     by_collective: dict[str, float] = {}
     for layer in layers:
         for kind, waited in layer.comm_wait_by_kind.items():
@@ -75,6 +81,7 @@ def _timed_step(engine, layers, device: str) -> dict:
         "all_gather_s": engine.runner.comm_wait_s,
         "by_collective": by_collective,
         "expert_rows": sum(layer.computed_tokens for layer in layers),
+        "gloo_cpu_s": gloo_cpu_s,
         "waits": [waited for layer in layers for waited in layer.comm_waits or []],
     }
 
@@ -103,21 +110,22 @@ def _balance_experts(engine, rank: int, args) -> None:
     assert rebalancer.num_rebalances == 1
 
 
-def _num_triples(args, steps_per_round: int) -> int:
-    return args.warmup + args.rounds * steps_per_round
+def _num_triples(args, phase: str) -> int:
+    return getattr(args, f"{phase}_warmup") + args.rounds * getattr(args, f"{phase}_steps")
 
 
-def _in_triples(engine, layers, args, steps_per_round: int, before_step=None) -> dict[str, list]:
-    """--warmup triples not kept, then the rounds' triples: one step of each mode back to back, the
-    modes' order rotating from triple to triple -> {mode: [sample, ...]} (i-th: the i-th triple)."""
+def _in_triples(engine, layers, args, phase: str, before_step=None) -> dict[str, list]:
+    """--<phase>-warmup triples not kept, then the rounds' triples: one step of each mode back to back,
+    the modes' order rotating from triple to triple -> {mode: [sample, ...]} (i-th: the i-th triple)."""
     samples: dict[str, list] = {mode: [] for mode in MODES}
-    for triple in range(_num_triples(args, steps_per_round)):
+    warmup = getattr(args, f"{phase}_warmup")
+    for triple in range(_num_triples(args, phase)):
         for mode in MODES[triple % 3 :] + MODES[: triple % 3]:
             engine.runner.mode = mode
             if before_step is not None:
                 before_step(triple * len(MODES) + MODES.index(mode))
             sample = _timed_step(engine, layers, args.device)
-            if triple >= args.warmup:
+            if triple >= warmup:
                 samples[mode].append(sample)
     return samples
 
@@ -127,11 +135,11 @@ def _measure_prefill(engine, layers, args, rank) -> dict[str, list]:
         assert not engine.has_unfinished_requests(), "each prefill step finishes its prompts"
         _add_prefill_work(engine, rank, args, salt)
 
-    return _in_triples(engine, layers, args, args.prefill_steps, add_work)
+    return _in_triples(engine, layers, args, "prefill", add_work)
 
 
 def _decode_max_tokens(args) -> int:
-    return _num_triples(args, args.decode_steps) * len(MODES) + 8
+    return _num_triples(args, "decode") * len(MODES) + 8
 
 
 def _measure_decode(engine, layers, args, rank) -> dict[str, list]:
@@ -142,7 +150,7 @@ def _measure_decode(engine, layers, args, rank) -> dict[str, list]:
     while engine.stats().num_waiting or any(s.num_computed_tokens < s.num_tokens - 1 for s in engine.scheduler.running):
         dist.barrier()
         engine.step()  # prefill everything first
-    return _in_triples(engine, layers, args, args.decode_steps)
+    return _in_triples(engine, layers, args, "decode")
 
 
 def _kv_blocks(args, block_size: int) -> int:
@@ -159,15 +167,6 @@ def _pin(rank: int, pin: str, phase: str) -> None:
     if (pin, phase) in (("rank", "before_init"), ("compute", "after_init")):
         cores = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cores[rank % len(cores)]})  # pid 0: this thread (Linux)
-
-
-def _thread_cores() -> dict[str, str]:
-    """{thread name/id: the cores it may run on}, every thread of this process (Linux /proc)."""
-    out = {}
-    for task in sorted(Path("/proc/self/task").iterdir()):
-        status = dict(line.split(":\t", 1) for line in (task / "status").read_text().splitlines() if ":\t" in line)
-        out[f"{status.get('Name', '?').strip()}/{task.name}"] = status.get("Cpus_allowed_list", "?").strip()
-    return out
 
 
 def _rank_main(rank: int, args: argparse.Namespace, address: GroupAddress, model: str, out_file: str) -> None:
@@ -189,11 +188,10 @@ def _rank_main(rank: int, args: argparse.Namespace, address: GroupAddress, model
     if args.eplb:
         _balance_experts(engine, rank, args)
     layers = [layer for _, layer in expert_parallel_layers(engine.lm)]
-    result = {
-        "thread_cores": _thread_cores(),
-        "prefill": _measure_prefill(engine, layers, args, rank),
-        "decode": _measure_decode(engine, layers, args, rank),
-    }
+    measure = {"prefill": _measure_prefill, "decode": _measure_decode}
+    result: dict[str, object] = {"thread_cores": thread_cores()}
+    for phase in args.phases:
+        result[phase] = measure[phase](engine, layers, args, rank)
     gathered = [None] * args.ranks if rank == 0 else None
     dist.gather_object(result, gathered, dst=0)
     if rank == 0:  # a file, not a queue: the parent reads only after every rank exited
@@ -206,12 +204,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--pin", choices=PIN_CHOICES, default="none")
+    parser.add_argument(
+        "--phases", type=lambda text: text.split(","), default=["prefill", "decode"], help="prefill,decode or one"
+    )
     for name, default in dict(
         ranks=2, prefill_seqs=4, prefill_len=128, decode_seqs=32, decode_context=64, rounds=4,
-        warmup=2, prefill_steps=9, decode_steps=24, kv_blocks=0, torch_threads=1, eplb=0,
+        prefill_warmup=2, prefill_steps=12, decode_warmup=8, decode_steps=30, kv_blocks=0, torch_threads=1, eplb=0,
     ).items():  # fmt: skip
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     args = parser.parse_args()
+    if not args.phases or set(args.phases) - {"prefill", "decode"}:
+        raise SystemExit(f"--phases: {','.join(args.phases)}, expected prefill, decode or prefill,decode")
     for name in ("rounds", "prefill_steps", "decode_steps"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')}: {getattr(args, name)}, expected >= 1")
@@ -220,7 +223,7 @@ def main() -> None:
     samples_file = work / "samples.json"
     mp.spawn(_rank_main, args=(args, GroupAddress.free_local(), str(model), str(samples_file)), nprocs=args.ranks)
     per_rank = json.loads(samples_file.read_text())
-    steps = {"prefill": args.prefill_steps, "decode": args.decode_steps}
+    steps = {phase: getattr(args, f"{phase}_steps") for phase in args.phases}
     result = summarise(per_rank, steps, host_blocks=not args.device.startswith("cuda"))
     threads = {rank: data.pop("thread_cores") for rank, data in enumerate(per_rank)}
     report = {"params": vars(args) | {"out": str(args.out), "thread_cores": threads}, "result": result, "raw": per_rank}

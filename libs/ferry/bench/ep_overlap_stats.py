@@ -7,19 +7,30 @@ Steps are taken in triples, one step of each mode back to back (the order rotati
 steps of two modes ran within a second of each other: their difference is paired against the box's
 drift.
 
-hidden = saved / all-to-all time, where
-  all-to-all time = median over the round of the sequential step's all-to-all blocked time (mean of
-    the ranks: a rank's step is its compute, its all-gather and its all-to-all waits, and the ranks
-    of a step end together, so this is the part of the sequential step the all-to-alls add), and
-  saved = median over the round's triples of (sequential step - overlapped step), slowest rank.
-That is the fraction of the all-to-all's time that no longer adds to the step. It is measured on
-the step, not on the overlapped mode's blocked time, because on a CPU the transfers' own work (gloo's
-threads copying through loopback sockets) shares the cores with the compute: time that leaves
-wait() but slows the other micro-batch's compute is not hidden. The blocked-time figure,
-1 - all-to-all blocked(overlap) / blocked(sequential), is reported beside it
-(`hidden_blocked_fraction`), with the compute each mode ran (`compute_ms`: step minus both kinds of
-wait, ranks' mean) so the difference between the two figures can be read. The all-gather happens
-once per step in both modes: it cancels in `saved` and is not all-to-all time.
+The all-to-all time of a mode is what its all-to-alls add to its step. The ranks of a step end
+together (the step's last combine joins them), so the step is the critical rank's compute plus its
+waits, the critical rank being the one that computed longest; a rank with less to compute (fewer
+expert rows, or its peer descheduled by the VM) also waits that difference out in some collective,
+but that is load imbalance, there with any network however fast, and no overlap can hide it at the
+step's end (`_ranks_mean` figures keep it: they take the ranks' mean instead). So:
+
+A_seq: the critical rank's time blocked in wait() on the all-to-alls in the sequential mode (each
+collective waited on at once: its transfer, and a peer arriving later), median over the steps.
+A_ovl: the same in the overlapped mode, plus whatever its compute took longer than the same compute
+run sequentially, dC = median over the triples of (overlapped - sequential compute), when positive:
+on a CPU gloo's threads copy the bytes through loopback sockets on the same cores as the compute, so
+a transfer that leaves wait() may still lengthen the step by slowing the other micro-batch.
+
+    hidden = 1 - A_ovl / A_seq
+
+the fraction of the all-to-all's time that no longer adds to the step. A negative dC (the
+overlapped schedule reads a layer's weights for both micro-batches close together, and caches help)
+does not count as hidden communication. Beside it: the blocked-time figure (`hidden_blocked_*`,
+blind to dC), the step-time figure `hidden_by_step_fraction`: median over the triples of (sequential
+step - overlapped step) over A_seq (the same quantity, but carrying the noise of two whole steps: a
+rank descheduled in either step moves it by tens of ms), and all of them over the ranks' mean. The
+step's all-gather of token counts (once per step in every mode) is not all-to-all time; its time is
+reported per mode.
 """
 
 from __future__ import annotations
@@ -34,17 +45,24 @@ Step = dict[str, float]
 
 
 def _group_step(samples: tuple[dict, ...]) -> Step:
-    """One step's samples, one per rank -> the group's step (ms): step time of the slowest rank,
-    the ranks' mean all-to-all and all-gather blocked time and compute, the exposed all-to-all time
-    (per collective the wait of the rank that waited least, summed) and the expert load max/mean."""
+    """One step's samples, one per rank -> the group's step (ms): step time of the slowest rank;
+    all-to-all blocked time and compute of the critical rank (the one that computed longest: the
+    step is its compute plus its waits) and the ranks' mean of both; the ranks' mean all-gather
+    time and CPU time of gloo's threads; the exposed all-to-all time (per collective the wait of
+    the rank that waited least, summed) and the expert load max/mean."""
     mean = statistics.mean
     rows = [sample["expert_rows"] for sample in samples]
     kinds = sorted({kind for sample in samples for kind in sample["by_collective"]})
+    computes = [s["step_s"] - s["a2a_s"] - s["all_gather_s"] for s in samples]
+    critical = max(range(len(samples)), key=computes.__getitem__)
     step = {
         "step_ms": 1000 * max(sample["step_s"] for sample in samples),
-        "a2a_blocked_ms": 1000 * mean(sample["a2a_s"] for sample in samples),
+        "a2a_blocked_ms": 1000 * samples[critical]["a2a_s"],
+        "compute_ms": 1000 * computes[critical],
+        "a2a_blocked_ms_ranks_mean": 1000 * mean(sample["a2a_s"] for sample in samples),
+        "compute_ms_ranks_mean": 1000 * mean(computes),
         "all_gather_ms": 1000 * mean(sample["all_gather_s"] for sample in samples),
-        "compute_ms": 1000 * mean(s["step_s"] - s["a2a_s"] - s["all_gather_s"] for s in samples),
+        "gloo_cpu_ms": 1000 * mean(sample.get("gloo_cpu_s", 0.0) for sample in samples),
         "exposed_a2a_ms": 1000 * sum(map(min, zip(*(sample["waits"] for sample in samples)))),
         "expert_rows_max_over_mean": max(rows) / max(mean(rows), 1),
     }
@@ -74,17 +92,24 @@ def mode_summary(steps: list[Step]) -> dict[str, float]:
 
 
 def hidden_fractions(steps: dict[str, list[Step]]) -> dict[str, float]:
-    """The overlap's hidden fraction of the all-to-all time (module docstring), and beside it the
-    blocked-time figure and what the overlapped compute cost more than the sequential one."""
+    """The overlap's hidden fraction of the all-to-all time, and beside it the blocked-time and the
+    step-time figures (module docstring)."""
     seq, ovl = steps["sequential"], steps["overlap"]
-    a2a = _median(seq, "a2a_blocked_ms")
+    out: dict[str, float] = {}
+    for suffix in ("", "_ranks_mean"):
+        a2a, blocked = _median(seq, f"a2a_blocked_ms{suffix}"), _median(ovl, f"a2a_blocked_ms{suffix}")
+        compute_extra = _paired_median(ovl, seq, f"compute_ms{suffix}")
+        out |= {
+            f"a2a_ms_sequential{suffix}": a2a,
+            f"a2a_ms_overlap{suffix}": blocked + max(compute_extra, 0.0),
+            f"hidden_fraction{suffix}": 1 - (blocked + max(compute_extra, 0.0)) / a2a,
+            f"hidden_blocked_fraction{suffix}": 1 - blocked / a2a,
+            f"compute_extra_ms_overlap{suffix}": compute_extra,
+        }
     saved = _paired_median(seq, ovl, "step_ms")
-    return {
-        "a2a_ms_sequential": a2a,
+    return out | {
+        "hidden_by_step_fraction": saved / out["a2a_ms_sequential"],
         "saved_ms": saved,
-        "hidden_fraction": saved / a2a,
-        "hidden_blocked_fraction": 1 - _median(ovl, "a2a_blocked_ms") / a2a,
-        "compute_extra_ms_overlap": _paired_median(ovl, seq, "compute_ms"),
         "speedup_overlap_vs_sequential": _paired_ratio(seq, ovl),
         "speedup_overlap_vs_single": _paired_ratio(steps["single"], ovl),
     }
@@ -126,8 +151,8 @@ def plot(report: dict, path) -> None:
     from ferry.bench.plots import pyplot, save_figure
 
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, (phase, data) in zip(axes, report["result"].items()):
+    fig, axes = plt.subplots(1, len(report["result"]), figsize=(6 * len(report["result"]), 4.5), squeeze=False)
+    for ax, (phase, data) in zip(axes[0], report["result"].items()):
         modes = data["modes"]
         bottom = [0.0] * len(MODES)
         for key, label, color in (
@@ -144,7 +169,7 @@ def plot(report: dict, path) -> None:
             ax.set_title(f"{phase}: hidden {data['run']['hidden_fraction']:.0%} (rounds {rounds})", fontsize=9)
         else:
             ax.set_title(phase)
-    axes[0].legend(fontsize=8)
+    axes[0][0].legend(fontsize=8)
     params = report["params"]
     fig.suptitle(f"{params['ranks']} ranks, {params['device']}, pin {params['pin']}")
     save_figure(fig, path)
