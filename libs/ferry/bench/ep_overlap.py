@@ -90,10 +90,10 @@ def _prompts(rank: int, count: int, length: int, salt: int) -> list[list[int]]:
     return [[(97 * (salt + i) + 31 * j + rank) % 1900 + 50 for j in range(length)] for i in range(count)]
 
 
-def _add_prefill_work(engine, rank: int, args, salt: int) -> None:
+def _add_prefill_work(engine, rank: int, args, salt: int, tag: str = "") -> None:
     sampling = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     for i, ids in enumerate(_prompts(rank, args.prefill_seqs, args.prefill_len, salt * 1000)):
-        engine.add_request(f"p{salt}-{i}", ids, sampling)
+        engine.add_request(f"p{salt}{tag}-{i}", ids, sampling)
 
 
 def _balance_experts(engine, rank: int, args) -> None:
@@ -123,7 +123,7 @@ def _in_triples(engine, layers, args, phase: str, before_step=None) -> dict[str,
         for mode in MODES[triple % 3 :] + MODES[: triple % 3]:
             engine.runner.mode = mode
             if before_step is not None:
-                before_step(triple * len(MODES) + MODES.index(mode))
+                before_step(triple, mode)
             sample = _timed_step(engine, layers, args.device)
             if triple >= warmup:
                 samples[mode].append(sample)
@@ -131,9 +131,10 @@ def _in_triples(engine, layers, args, phase: str, before_step=None) -> dict[str,
 
 
 def _measure_prefill(engine, layers, args, rank) -> dict[str, list]:
-    def add_work(salt: int) -> None:
+    def add_work(triple: int, mode: str) -> None:
+        # the same prompts for the three modes of a triple: they compare the same work, routing included
         assert not engine.has_unfinished_requests(), "each prefill step finishes its prompts"
-        _add_prefill_work(engine, rank, args, salt)
+        _add_prefill_work(engine, rank, args, triple, f"-{mode}")
 
     return _in_triples(engine, layers, args, "prefill", add_work)
 
