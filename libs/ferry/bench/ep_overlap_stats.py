@@ -156,9 +156,9 @@ def plot(report: dict, path) -> None:
         modes = data["modes"]
         bottom = [0.0] * len(MODES)
         for key, label, color in (
-            ("compute_ms", "compute (ranks' mean)", "#48c"),
+            ("compute_ms", "compute (critical rank)", "#48c"),
             ("all_gather_ms", "all-gather of counts", "#aaa"),
-            ("a2a_blocked_ms", "blocked in all-to-alls", "#c44"),
+            ("a2a_blocked_ms", "blocked in all-to-alls (critical rank)", "#c44"),
         ):
             values = [modes[m].get(key, modes[m]["step_ms"] if key == "compute_ms" else 0.0) for m in MODES]
             ax.bar(MODES, values, bottom=bottom, label=label, color=color)
