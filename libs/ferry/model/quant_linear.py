@@ -15,8 +15,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ferry.kernels.quant_linear import quant_matmul
-from ferry.kernels.quant_pack import CpuPacked, pack_for_cpu
+from ferry.kernels.quant_linear import pack_cpu, quant_matmul
+from ferry.kernels.quant_pack import CpuPacked, DotPacked
 from ferry.kernels.quant_ref import DEFAULT_GROUP_SIZE, QuantizedWeight, quantize
 
 QUANT_BITS = {"int8": 8, "int4": 4}
@@ -50,15 +50,16 @@ class QuantLinear(nn.Module):
     def out_features(self) -> int:
         return self.qw.out_features
 
-    packed: CpuPacked | None = None
+    packed: CpuPacked | DotPacked | None = None
     backend: str | None = None
     """One of ATTENTION_BACKENDS, set with the attention layers' (CausalLM.set_attention_backend)."""
 
     def prepack(self) -> None:
-        """On the CPU: the C++ kernel's column-blocked copy (quant_pack.py), beside the row-major codes that
-        the reference and the Triton kernel read (together ~2x the quantized bytes, still under fp32's)."""
+        """On the CPU: the C++ kernel's copy (quant_pack.py, the layout of the kernel pack_cpu picks), beside the
+        row-major codes that the reference and the Triton kernel read (together ~2x the quantized bytes, still
+        under fp32's)."""
         if self.packed is None and self.qweight.device.type == "cpu":  # its parent's prepack may call it too
-            self.packed = pack_for_cpu(self.qw)
+            self.packed = pack_cpu(self.qw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         bias = self.bias
