@@ -92,15 +92,20 @@ def dot_quant_matmul(x: torch.Tensor, packed: DotPacked, digits: int | None = No
     """The int8-activation kernel: x [M, K] fp32 -> [M, N] fp32; digits: ACTIVATION_DIGITS[bits] unless given."""
     if not dot_kernel_built():
         raise RuntimeError("the int8-activation CPU kernel is unavailable (no C++ kernels, or built without AVX2)")
-    return torch.ops.ferry_cpu.quant_dot_linear(
-        x.contiguous(),
+    return torch.ops.ferry_cpu.quant_dot_linear.default(x.contiguous(), *dot_arguments(packed, digits))
+
+
+def dot_arguments(packed: DotPacked, digits: int | None = None) -> tuple:
+    """The kernel's arguments after x (QuantLinear binds them once: its forward then calls the op directly)."""
+    bits = packed.bits
+    return (
         packed.codes,
         packed.scales,
         packed.offsets,
-        packed.bits,
+        bits,
         packed.group_size,
         packed.out_features,
-        digits or ACTIVATION_DIGITS[packed.bits],
+        digits or ACTIVATION_DIGITS[bits],
     )
 
 
