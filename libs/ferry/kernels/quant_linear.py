@@ -59,10 +59,12 @@ def _int8_activations() -> bool:
 INT8_ACTIVATIONS = _int8_activations()
 """Whether the CPU multiplies quantized weights with int8 activations (csrc/quant_dot.cpp) where that kernel
 builds. Measured on a 2-core Zen 5 (AVX-512 VNNI), a whole SmolLM2 step's matmuls with the weights streamed
-from memory (ops/bench/quant/step_rows.py, report 20261204-int8-activations-amd/): it is ahead of the float
-register passes and of the tiled path at every row count from 1 to 128 (int8 at 8 rows ~6.8 vs ~11 ms, int4
-~5.7 vs ~11 ms; at 128 rows ~66 vs ~140 ms), and built for AVX2 (x86-64-v3) on the same machine it ties or
-leads there too. FERRY_QUANT_INT8_ACTIVATIONS=0, read once at import, keeps the float kernel."""
+from memory (ops/bench/quant/step_rows.py, report 20261204-int8-activations-amd/step_rows.json), against the
+float kernel's better path: int8 (two activation digits) 3.9 vs 4.3 ms at 1 row, 9.0 vs 11.0 at 8, 29.6 vs
+38.8 at 32, 103 vs 138 at 128; int4 (one digit) 2.8 vs 3.8, 5.0 vs 10.8, 15.6 vs 38.7, 56 vs 129. Built for
+AVX2 (x86-64-v3) on the same machine it tied or led the float kernel from 1 to 128 rows (one-digit int8 then;
+not measured on a real AVX2-only CPU). FERRY_QUANT_INT8_ACTIVATIONS=0, read once at import, keeps the float
+kernel."""
 
 
 def dot_kernel_built() -> bool:
