@@ -1,5 +1,6 @@
-"""Group-wise int8/int4 weights (ferry.kernels.quant_ref) and the C++ matmul that dequantizes them in
-registers (csrc/quant_linear.cpp) against the plain-torch reference."""
+"""Group-wise int8/int4 weights (ferry.kernels.quant_ref) and the C++ matmuls with them against the plain-torch
+reference: the float kernel that dequantizes them in registers (csrc/quant_linear.cpp) and the int8-activation
+kernel (csrc/quant_dot.cpp)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,16 @@ import pytest
 import torch
 
 from ferry.kernels import cpu_decode
-from ferry.kernels.quant_linear import cpu_quant_matmul, quant_matmul
-from ferry.kernels.quant_pack import pack_for_cpu
+from ferry.kernels.quant_linear import (
+    ACTIVATION_DIGITS,
+    INT8_ACTIVATIONS,
+    cpu_quant_matmul,
+    dot_kernel_built,
+    dot_quant_matmul,
+    pack_cpu,
+    quant_matmul,
+)
+from ferry.kernels.quant_pack import DotPacked, pack_for_cpu, pack_for_dot
 from ferry.kernels.quant_ref import QuantizedWeight, dequantize, pack_nibbles, quant_matmul_ref, quantize
 
 pytestmark = pytest.mark.unit
@@ -92,7 +101,10 @@ def test_quant_matmul_keeps_leading_dims_adds_bias_and_falls_back_for_bf16(kerne
     qw, bias = quantize(torch.randn(24, 64, generator=gen), 8, 32), torch.randn(24, generator=gen)
     x = torch.randn(2, 3, 64, generator=gen)
     expected = x @ dequantize(qw).T + bias
-    torch.testing.assert_close(quant_matmul(x, qw, bias), expected, atol=2e-4, rtol=1e-5)
+    rounded = x  # what the CPU kernel multiplies: x itself, or its int8 digits (the int8-activation kernel)
+    if isinstance(pack_cpu(qw), DotPacked):
+        rounded = _quantize_activations(x.reshape(6, 64), ACTIVATION_DIGITS[8]).reshape(x.shape)
+    torch.testing.assert_close(quant_matmul(x, qw, bias), rounded @ dequantize(qw).T + bias, atol=2e-4, rtol=1e-5)
     got_bf16 = quant_matmul(x.bfloat16(), qw, bias)
     assert got_bf16.dtype == torch.bfloat16
     torch.testing.assert_close(got_bf16.float(), expected, atol=0.1, rtol=0.05)
@@ -105,3 +117,62 @@ def test_a_bad_tiled_rows_setting_is_refused_by_name(monkeypatch, value):
     monkeypatch.setenv("FERRY_QUANT_TILED_FROM_ROWS", value)
     with pytest.raises(ValueError, match="FERRY_QUANT_TILED_FROM_ROWS"):
         _tiled_from_rows()
+
+
+def _quantize_activations(x: torch.Tensor, digits: int) -> torch.Tensor:
+    """The int8-activation kernel's rounding of x [M, K] in torch, with the kernel's fp32 operations (t = x *
+    (127 / absmax), the remainder x * inv - q1 rounded once: a last-bit difference there moves the second digit,
+    which two digits magnify 256-fold): per 32 inputs, q1 = round(t); two digits add the remainder in steps of
+    1/256 (clamped to +-127)."""
+    chunks = x.reshape(x.shape[0], -1, 32)
+    absmax = chunks.abs().amax(-1, keepdim=True)
+    inv = torch.where(absmax > 0, 127.0 / absmax, torch.zeros_like(absmax))
+    t = (chunks * inv).clamp(-127, 127)
+    hi = torch.round(t)
+    if digits == 1:
+        return (hi * (absmax / 127.0)).reshape(x.shape)
+    remainder = (chunks.double() * inv.double() - hi.double()).float()  # the kernel's FMA: one rounding
+    lo = torch.round(remainder * 256).clamp(-127, 127)
+    return ((hi * 256 + lo) * (absmax / 127.0 / 256.0)).reshape(x.shape)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 40])  # within one register pass, several, and a remainder
+@pytest.mark.parametrize("digits", [1, 2])
+def test_int8_activation_kernel_matches_the_reference(kernel, bits, group_size, rows, digits):
+    """Against torch on the same rounded activations (one digit) the sums are exact up to fp32 rounding; against
+    the unrounded x, each input is off by at most d / 2 (two digits: d / 512, or d / 256 where the second digit's
+    clamp to 127 bites), d = its chunk's absmax / 127, so an output is off by at most sum_k |w_k| times that:
+    the bound checked (plus fp32 rounding), not a loose tolerance."""
+    if not dot_kernel_built():
+        pytest.skip("the int8-activation kernel needs AVX2 (this machine or -march target lacks it)")
+    gen = torch.Generator().manual_seed(bits * 1000 + group_size + rows + digits)
+    w, x = torch.randn(70, 384, generator=gen), torch.randn(rows, 384, generator=gen) * 3  # 70: a partial block
+    qw = quantize(w, bits, group_size)
+    if bits == 4 and group_size == 64:  # GGUF Q4_1-style offsets
+        qw.offsets = torch.randn(70, 384 // group_size, generator=gen) * 0.1
+    out = dot_quant_matmul(x, pack_for_dot(qw), digits)
+    wd = dequantize(qw)
+    if digits == 1:  # two digits: a last-bit difference in the remainder may move a second digit by one step
+        torch.testing.assert_close(out, _quantize_activations(x, digits) @ wd.T, atol=2e-4, rtol=1e-5)
+    d = (x.reshape(rows, -1, 32).abs().amax(-1, keepdim=True) / 127).expand(-1, -1, 32).reshape(rows, 384)
+    bound = (d / (2 if digits == 1 else 256)) @ wd.abs().T  # [rows, 70]
+    exact = x @ wd.T
+    assert ((out - exact).abs() <= bound + 2e-4 + 1e-5 * exact.abs()).all()
+
+
+def test_int8_activation_kernel_handles_zero_rows_and_takes_the_wrappers_path(kernel):
+    """A zero chunk (scale 0) gives exact zeros, and quant_matmul on the CPU uses the kernel pack_cpu picks."""
+    if not dot_kernel_built():
+        pytest.skip("the int8-activation kernel needs AVX2")
+    gen = torch.Generator().manual_seed(3)
+    qw = quantize(torch.randn(40, 128, generator=gen), 8, 32)
+    x = torch.randn(3, 128, generator=gen)
+    x[1] = 0
+    x[2, :32] = 0
+    packed = pack_cpu(qw)
+    assert isinstance(packed, DotPacked) == INT8_ACTIVATIONS
+    out = quant_matmul(x, qw, None, packed)
+    assert torch.equal(out[1], torch.zeros(40))
+    torch.testing.assert_close(out, x @ dequantize(qw).T, atol=2e-3, rtol=1e-3)

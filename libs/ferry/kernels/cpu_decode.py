@@ -33,7 +33,8 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = [
-    Path(__file__).with_name("csrc") / name for name in ("paged_decode.cpp", "cpu_layers.cpp", "quant_linear.cpp")
+    Path(__file__).with_name("csrc") / name
+    for name in ("paged_decode.cpp", "cpu_layers.cpp", "quant_linear.cpp", "quant_dot.cpp")
 ]
 HEADERS = [Path(__file__).with_name("csrc") / "cpu_math.h"]  # included by SOURCES: part of the build's identity
 # reassociation (not -ffast-math: the online softmax relies on -inf) lets reductions use vector trees.

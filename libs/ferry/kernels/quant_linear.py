@@ -2,9 +2,15 @@
 
 Which kernel runs follows the model's backend (ferry.kernels.backend, set once at load on every
 QuantLinear by CausalLM.set_attention_backend): 'triton' (CUDA; on the CPU only under TRITON_INTERPRET=1)
-runs triton_quant.py; 'cpu' runs the C++ kernel (csrc/quant_linear.cpp, built with the decode kernel,
-cpu_decode.py) for fp32 activations when the kernels are built and FERRY_CPU_KERNELS is not 0; anything
-else, and 'torch', the plain-torch reference, which dequantizes the whole weight first.
+runs triton_quant.py; 'cpu' runs a C++ kernel (built with the decode kernel, cpu_decode.py) for fp32
+activations when the kernels are built and FERRY_CPU_KERNELS is not 0; anything else, and 'torch', the
+plain-torch reference, which dequantizes the whole weight first.
+
+The CPU has two kernels, and a weight is packed once at load (pack_cpu) for the one that runs it:
+- csrc/quant_dot.cpp (DotPacked): activations quantized to int8 per 32 inputs, exact int32 dot products
+  (AVX-512 VNNI, else AVX2), the default where it builds (AVX2 and up);
+- csrc/quant_linear.cpp (CpuPacked): weights dequantized to fp32 in registers, fp32 activations; for
+  machines without AVX2 and with FERRY_QUANT_INT8_ACTIVATIONS=0.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import os
 import torch
 
 from ferry.kernels.cpu_decode import kernel, kernel_built
-from ferry.kernels.quant_pack import CpuPacked, pack_for_cpu
+from ferry.kernels.quant_pack import CpuPacked, DotPacked, pack_for_cpu, pack_for_dot
 from ferry.kernels.quant_ref import QuantizedWeight, quant_matmul_ref
 
 
@@ -22,11 +28,11 @@ def quant_matmul(
     x: torch.Tensor,
     qw: QuantizedWeight,
     bias: torch.Tensor | None = None,
-    packed: CpuPacked | None = None,
+    packed: CpuPacked | DotPacked | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
-    """x [..., K] -> [..., N] in x's dtype (accumulated in fp32 by the kernels). packed: qw's copy for the
-    CPU kernel (pack_for_cpu, made once at load; without it the CPU kernel packs on every call). backend:
+    """x [..., K] -> [..., N] in x's dtype (accumulated in fp32 by the kernels). packed: qw's copy for a
+    CPU kernel (pack_cpu, made once at load; without it the CPU kernel packs on every call). backend:
     one of ATTENTION_BACKENDS; None: Triton for CUDA tensors, else 'cpu'."""
     if x.shape[-1] != qw.in_features:
         raise ValueError(f"x {tuple(x.shape)}: last dimension must be the weight's {qw.in_features} inputs")
@@ -37,9 +43,72 @@ def quant_matmul(
 
         return _with_bias(triton_quant_matmul(rows, qw), bias).view(*x.shape[:-1], -1)
     if backend == "cpu" and x.device.type == "cpu" and x.dtype == torch.float32 and kernel_built():
-        out = cpu_quant_matmul(rows, packed or pack_for_cpu(qw))
+        packed = packed or pack_cpu(qw)
+        out = dot_quant_matmul(rows, packed) if isinstance(packed, DotPacked) else cpu_quant_matmul(rows, packed)
         return _with_bias(out, bias).view(*x.shape[:-1], -1)
     return quant_matmul_ref(x, qw, bias)
+
+
+def _int8_activations() -> bool:
+    raw = os.environ.get("FERRY_QUANT_INT8_ACTIVATIONS", "1").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"FERRY_QUANT_INT8_ACTIVATIONS={raw!r}: must be 1 (int8 activations) or 0 (fp32)")
+    return raw == "1"
+
+
+INT8_ACTIVATIONS = _int8_activations()
+"""Whether the CPU multiplies quantized weights with int8 activations (csrc/quant_dot.cpp) where that kernel
+builds. Measured on a 2-core Zen 5 (AVX-512 VNNI), a whole SmolLM2 step's matmuls with the weights streamed
+from memory (ops/bench/quant/step_rows.py, report 20261204-int8-activations-amd/step_rows.json), against the
+float kernel's better path: int8 (two activation digits) 3.9 vs 4.3 ms at 1 row, 9.0 vs 11.0 at 8, 29.6 vs
+38.8 at 32, 103 vs 138 at 128; int4 (one digit) 2.8 vs 3.8, 5.0 vs 10.8, 15.6 vs 38.7, 56 vs 129. Built for
+AVX2 (x86-64-v3) on the same machine it tied or led the float kernel from 1 to 128 rows (one-digit int8 then;
+not measured on a real AVX2-only CPU). FERRY_QUANT_INT8_ACTIVATIONS=0, read once at import, keeps the float
+kernel."""
+
+
+def dot_kernel_built() -> bool:
+    """The int8-activation kernel was built, for an instruction set it runs on (AVX2 and up)."""
+    if "dot" not in _dot_usable:
+        _dot_usable["dot"] = kernel_built() and torch.ops.ferry_cpu.quant_dot_isa() != ""
+    return _dot_usable["dot"]
+
+
+_dot_usable: dict[str, bool] = {}
+
+
+def pack_cpu(qw: QuantizedWeight) -> CpuPacked | DotPacked:
+    """qw's copy for the CPU kernel that will multiply with it (made once at load)."""
+    return pack_for_dot(qw) if INT8_ACTIVATIONS and dot_kernel_built() else pack_for_cpu(qw)
+
+
+ACTIVATION_DIGITS = {8: 2, 4: 1}
+"""int8 digits per activation, by weight bits. One digit (x ~ d * q, d = absmax / 127 per 32 inputs) moved
+SmolLM2's teacher-forced int8 run from KL 0.0011 to 0.0040 nats and its argmax agreement to 0.949-0.973
+(the 95% bar, within a tie or two); two (x ~ d / 256 * (256 * q1 + q2), the second digit the first's
+remainder) keep 0.0011 / 0.996, the float path's, at twice the dot instructions. Against int4's own weight
+error (KL ~0.4) one digit's is noise."""
+
+
+def dot_quant_matmul(x: torch.Tensor, packed: DotPacked, digits: int | None = None) -> torch.Tensor:
+    """The int8-activation kernel: x [M, K] fp32 -> [M, N] fp32; digits: ACTIVATION_DIGITS[bits] unless given."""
+    if not dot_kernel_built():
+        raise RuntimeError("the int8-activation CPU kernel is unavailable (no C++ kernels, or built without AVX2)")
+    return torch.ops.ferry_cpu.quant_dot_linear.default(x.contiguous(), *dot_arguments(packed, digits))
+
+
+def dot_arguments(packed: DotPacked, digits: int | None = None) -> tuple:
+    """The kernel's arguments after x (QuantLinear binds them once: its forward then calls the op directly)."""
+    bits = packed.bits
+    return (
+        packed.codes,
+        packed.scales,
+        packed.offsets,
+        bits,
+        packed.group_size,
+        packed.out_features,
+        digits or ACTIVATION_DIGITS[bits],
+    )
 
 
 def _tiled_from_rows() -> int:
@@ -50,7 +119,7 @@ def _tiled_from_rows() -> int:
 
 
 TILED_FROM_ROWS = _tiled_from_rows()
-"""From this many rows of x on, the C++ kernel dequantizes each weight block once into an fp32 buffer and
+"""(The float kernel.) From this many rows of x on, it dequantizes each weight block once into an fp32 buffer and
 multiplies all rows with it (a register-blocked GEMM); below, it dequantizes in registers per pass of a few
 rows (fewer bytes touched). Measured on a 2-core Zen 5 (AVX-512) with SmolLM2's shapes and every layer's weights
 streamed from memory as in a step (ops/bench/quant/step_rows.py, report 20261204-smollm2-cpu-amd/): the

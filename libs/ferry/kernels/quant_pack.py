@@ -7,6 +7,12 @@ vector of outputs:
 - int4: codes [N/32, K, 16] uint8 (low nibble: column j of the 32-column block, high nibble: column 16 + j),
   scales and offsets [N/32, K/G, 32] (offsets filled in as -8 * scale for symmetric weights).
 N is padded to whole blocks with zero weights; the kernel writes only the real N columns.
+
+The int8-activation kernel (csrc/quant_dot.cpp) reads another copy, pack_for_dot's: 16 columns per block and
+64 bytes per (block, 4 inputs) for int8 / (block, 8 inputs) for int4, so one load feeds 16 four-byte dots:
+- int8: codes [N/16, K/4, 64] uint8, byte 4c + j = code (column c, input 4i + j) + 128;
+- int4: codes [N/16, K/8, 64] uint8, byte 4c + j: low nibble (column c, input 8i + j), high (c, 8i + 4 + j);
+- scales, offsets [N/16, K/G, 16] fp32 (int8's offsets are empty: the kernel takes the 128 off exactly).
 """
 
 from __future__ import annotations
@@ -25,6 +31,22 @@ class CpuPacked:
     """int8 [N/16, K, 16] or uint8 [N/32, K, 16]."""
     scales: torch.Tensor
     """fp32 [blocks, K/G, columns per block]."""
+    offsets: torch.Tensor
+    """fp32 like scales (int4), or an empty tensor (int8)."""
+    bits: int
+    group_size: int
+    out_features: int
+    """N before padding: the columns the kernel writes."""
+
+
+@dataclass(slots=True)
+class DotPacked:
+    """The int8-activation kernel's copy of a weight (pack_for_dot)."""
+
+    codes: torch.Tensor
+    """uint8 [N/16, K/4, 64] (int8) or [N/16, K/8, 64] (int4)."""
+    scales: torch.Tensor
+    """fp32 [N/16, K/G, 16]."""
     offsets: torch.Tensor
     """fp32 like scales (int4), or an empty tensor (int8)."""
     bits: int
@@ -54,3 +76,23 @@ def pack_for_cpu(qw: QuantizedWeight) -> CpuPacked:
     u = _blocked(unpack_nibbles(qw.qweight, qw.group_size).reshape(rows, k), cols)  # [blocks, K, 32]
     codes = (u[..., :16] | (u[..., 16:] << 4)).contiguous()
     return CpuPacked(codes, scales, _blocked(offsets, cols), 4, qw.group_size, rows)
+
+
+DOT_COLUMNS = 16
+
+
+def pack_for_dot(qw: QuantizedWeight) -> DotPacked:
+    rows, k = qw.out_features, qw.in_features
+    scales = _blocked(qw.scales, DOT_COLUMNS)
+    pad = -rows % DOT_COLUMNS
+    if qw.bits == 8:
+        biased = (qw.qweight.to(torch.int16) + 128).to(torch.uint8)  # [N, K]
+        quads = F.pad(biased, (0, 0, 0, pad)).reshape(-1, DOT_COLUMNS, k // 4, 4)  # [blocks, 16, K/4, 4]
+        codes = quads.transpose(1, 2).reshape(-1, k // 4, 64).contiguous()
+        return DotPacked(codes, scales, torch.empty(0), 8, qw.group_size, rows)
+    offsets = -8.0 * qw.scales if qw.offsets is None else qw.offsets
+    u = F.pad(unpack_nibbles(qw.qweight, qw.group_size).reshape(rows, k), (0, 0, 0, pad))  # [N', K] in k order
+    octets = u.reshape(-1, DOT_COLUMNS, k // 8, 2, 4)  # input 8i + 4h + j
+    nibbles = octets[:, :, :, 0] | (octets[:, :, :, 1] << 4)  # [blocks, 16, K/8, 4]
+    codes = nibbles.transpose(1, 2).reshape(-1, k // 8, 64).contiguous()
+    return DotPacked(codes, scales, _blocked(offsets, DOT_COLUMNS), 4, qw.group_size, rows)

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ferry.kernels.quant_linear import quant_matmul
-from ferry.kernels.quant_pack import CpuPacked, pack_for_cpu
+from ferry.kernels.quant_linear import dot_arguments, pack_cpu, quant_matmul
+from ferry.kernels.quant_pack import CpuPacked, DotPacked
 from ferry.kernels.quant_ref import DEFAULT_GROUP_SIZE, QuantizedWeight, quantize
 
 QUANT_BITS = {"int8": 8, "int4": 4}
@@ -50,19 +50,38 @@ class QuantLinear(nn.Module):
     def out_features(self) -> int:
         return self.qw.out_features
 
-    packed: CpuPacked | None = None
+    packed: CpuPacked | DotPacked | None = None
     backend: str | None = None
     """One of ATTENTION_BACKENDS, set with the attention layers' (CausalLM.set_attention_backend)."""
 
     def prepack(self) -> None:
-        """On the CPU: the C++ kernel's column-blocked copy (quant_pack.py), beside the row-major codes that
-        the reference and the Triton kernel read (together ~2x the quantized bytes, still under fp32's)."""
+        """On the CPU: the C++ kernel's copy (quant_pack.py, the layout of the kernel pack_cpu picks), beside the
+        row-major codes that the reference and the Triton kernel read (together ~2x the quantized bytes, still
+        under fp32's)."""
         if self.packed is None and self.qweight.device.type == "cpu":  # its parent's prepack may call it too
-            self.packed = pack_for_cpu(self.qw)
+            self.packed = pack_cpu(self.qw)
+            if isinstance(self.packed, DotPacked):
+                self.dot_call = (torch.ops.ferry_cpu.quant_dot_linear.default, dot_arguments(self.packed))
+
+    dot_call: tuple | None = None
+    """(the int8-activation op, its arguments after x), bound at prepack: a decode step makes ~120 of these
+    calls, and quant_matmul's dispatch (checks, reshapes, the packet lookup) took ~half of each one's ~13 us
+    of Python (measured at batch 8 on SmolLM2's o_proj shape, 1 thread)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         bias = self.bias
         assert bias is None or isinstance(bias, torch.Tensor)
+        call = self.dot_call
+        if (  # the decode step's case, fp32 rows on the CPU: straight to the kernel (it checks x against the codes)
+            call is not None
+            and self.backend == "cpu"
+            and x.dtype == torch.float32
+            and x.dim() == 2
+            and x.device.type == "cpu"
+            and x.is_contiguous()
+        ):
+            out = call[0](x, *call[1])
+            return out if bias is None else out.add_(bias)
         return quant_matmul(x, self.qw, bias, self.packed, self.backend)
 
     def extra_repr(self) -> str:

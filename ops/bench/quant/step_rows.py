@@ -1,7 +1,8 @@
 """A whole decode step's matmuls, every layer's weights its own (so they stream from memory as in serving,
-unlike matmul_rows.py, whose one weight stays in cache): the quantized kernel's register passes vs its
-tiled path vs oneDNN's packed fp32 GEMM, per row count M, SmolLM2-135M's shapes (30 layers of fused qkv,
-o, fused gate/up, down; random weights). Sets where FERRY_QUANT_TILED_FROM_ROWS should sit.
+unlike matmul_rows.py, whose one weight stays in cache): the float kernel's register passes vs its tiled
+path vs the int8-activation kernel (csrc/quant_dot.cpp, its default digits) vs oneDNN's packed fp32 GEMM,
+per row count M, SmolLM2-135M's shapes (30 layers of fused qkv, o, fused gate/up, down; random weights).
+Sets where FERRY_QUANT_TILED_FROM_ROWS should sit and whether FERRY_QUANT_INT8_ACTIVATIONS pays.
 
     /work/tools/cpu-bench python ops/bench/quant/step_rows.py [--rows 1,4,8,...] [--out DIR]
 """
@@ -16,8 +17,9 @@ from pathlib import Path
 
 import torch
 
-from ferry.kernels.quant_linear import cpu_quant_matmul
-from ferry.kernels.quant_pack import pack_for_cpu
+from ferry.kernels.cpu_decode import march
+from ferry.kernels.quant_linear import cpu_quant_matmul, dot_quant_matmul
+from ferry.kernels.quant_pack import pack_for_cpu, pack_for_dot
 from ferry.kernels.quant_ref import quantize
 from ferry.model import cpu_linear
 
@@ -42,6 +44,12 @@ def quant_step(packed: list, xs: dict[int, torch.Tensor], tiled_from_rows: int) 
             cpu_quant_matmul(xs[k], p, tiled_from_rows)
 
 
+def dot_step(packed: list, xs: dict[int, torch.Tensor]) -> None:
+    for layer in packed:
+        for (_, k), p in zip(SHAPES, layer):
+            dot_quant_matmul(xs[k], p)
+
+
 def fp32_step(dense: list, packed_fp32: list, xs: dict[int, torch.Tensor]) -> None:
     for layer, packs in zip(dense, packed_fp32):
         for (_, k), w, p in zip(SHAPES, layer, packs):
@@ -58,7 +66,9 @@ def main() -> None:
     packed_fp32 = [[cpu_linear.pack(w) for w in layer] for layer in dense]
     rows_out = []
     for bits in (8, 4):
-        packed = [[pack_for_cpu(quantize(w, bits, 32)) for w in layer] for layer in dense]
+        quantized = [[quantize(w, bits, 32) for w in layer] for layer in dense]
+        packed = [[pack_for_cpu(q) for q in layer] for layer in quantized]
+        dots = [[pack_for_dot(q) for q in layer] for layer in quantized]
         for m in (int(r) for r in args.rows.split(",")):
             xs = {k: torch.randn(m, k, generator=gen) for k in (576, 1536)}
 
@@ -67,11 +77,13 @@ def main() -> None:
                 "rows": m,
                 "registers_ms": best_of(partial(quant_step, packed, xs, NEVER)) * 1e3,
                 "tiled_ms": best_of(partial(quant_step, packed, xs, 1)) * 1e3,
+                "int8_activations_ms": best_of(partial(dot_step, dots, xs)) * 1e3,
                 "fp32_onednn_ms": best_of(partial(fp32_step, dense, packed_fp32, xs)) * 1e3,
             }
             rows_out.append(row)
             print(
                 f"int{bits} M={m:4d}: registers {row['registers_ms']:7.2f} ms, tiled {row['tiled_ms']:7.2f} ms, "
+                f"int8 activations {row['int8_activations_ms']:7.2f} ms, "
                 f"fp32 oneDNN {row['fp32_onednn_ms']:7.2f} ms",
                 flush=True,
             )
@@ -80,6 +92,8 @@ def main() -> None:
         report = {
             "workload": {"layers": LAYERS, "shapes_nk": SHAPES, "group_size": 32, "timing": "best of 5 whole steps"},
             "machine": {
+                "march": march(),
+                "int8_activations_isa": torch.ops.ferry_cpu.quant_dot_isa(),
                 "platform": platform.platform(),
                 "torch": torch.__version__,
                 "threads": torch.get_num_threads(),

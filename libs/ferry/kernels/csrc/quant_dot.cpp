@@ -1,0 +1,357 @@
+// Matmul with group-wise int8 / int4 weights and int8 activations: out [M, N] = x [M, K] @ W.T, the products
+// summed exactly in int32 (AVX-512 VNNI `vpdpbusd`: 64 byte products per instruction; AVX2
+// `vpmaddubsw` + `vpmaddwd` where VNNI is missing), then scaled once per 32 inputs.
+//
+// Activations: each row's 32-input chunks are quantized on entry, q = round(x / d), d = absmax / 127 (so
+// |q| <= 127); the chunk's error is at most d / 2 per input, which is what the unit test's tolerance rests on.
+// Weights, in the layout of ferry/kernels/quant_pack.py's pack_for_dot (made once at load), 16 output columns
+// per block, 64 bytes per (block, 4 or 8 inputs) so one 64-byte load feeds 16 lanes of 4-byte dots:
+//   int8: codes [N/16, K/4, 64] uint8, byte 4c + j = code of column c at input 4i + j, plus 128 (0..255:
+//         vpdpbusd multiplies unsigned by signed bytes; the activations stay the signed side, so a row's
+//         four bytes can be broadcast from memory), the 128 taken off exactly: int sum - 128 * sum(q).
+//   int4: codes [N/16, K/8, 64] uint8, byte 4c + j: low nibble column c at input 8i + j, high nibble at
+//         8i + 4 + j (both 0..15).
+//   scales, offsets [N/16, K/G, 16] fp32: w = (code - 128) * scale (int8), code * scale + offset (int4).
+// Per 32-input chunk c and row m: s = sum_k q[m, k] * code[k] (int32, exact), then
+//   out += d[m, c] * scale * s (+ d[m, c] * sum_k q[m, k] * offset, int4).
+// Threads split the column blocks (at::parallel_for); a pass holds kRows rows' accumulators in registers, so
+// the weights of batch 1-8 are read once (AVX-512) and more rows re-read a block's codes from L1/L2.
+//
+// quant_linear.cpp's float path (weights dequantized in registers, fp32 activations) stays beside it: the
+// wrapper (quant_linear.py) chooses by row count. On machines without AVX2 this file defines the op but
+// quant_dot_isa() returns "" and the wrapper never calls it.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include "cpu_math.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kChunk = 32;  // activation inputs per int8 scale
+constexpr int kCols = 16;   // output columns per weight block
+constexpr int kGroupBytes = 64;  // codes per (block, 4 inputs) for int8, (block, 8 inputs) for int4
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define FERRY_DOT_ISA "avx512-vnni"
+typedef __m512i ireg;  // 16 int32 lanes = the block's 16 columns, or 64 code bytes
+typedef __m512 freg;
+constexpr int kRegs = 1;        // registers per 16 columns
+constexpr int kMaxRows = 8;     // 2 accumulators per row: 16 of the 32 zmm
+inline ireg load_codes(const uint8_t* p) { return _mm512_loadu_si512(p); }
+inline ireg izero() { return _mm512_setzero_si512(); }
+inline ireg low_nibbles(ireg w) { return _mm512_and_si512(w, _mm512_set1_epi8(15)); }
+inline ireg high_nibbles(ireg w) { return _mm512_and_si512(_mm512_srli_epi16(w, 4), _mm512_set1_epi8(15)); }
+inline ireg sub_i(ireg a, int32_t b) { return _mm512_sub_epi32(a, _mm512_set1_epi32(b)); }
+inline ireg add_i(ireg a, ireg b) { return _mm512_add_epi32(a, b); }
+inline ireg shift8_i(ireg a) { return _mm512_slli_epi32(a, 8); }
+inline freg to_f(ireg a) { return _mm512_cvtepi32_ps(a); }
+inline freg fzero() { return _mm512_setzero_ps(); }
+inline freg load_f(const float* p) { return _mm512_loadu_ps(p); }
+inline freg splat_f(float v) { return _mm512_set1_ps(v); }
+inline freg mul_f(freg a, freg b) { return _mm512_mul_ps(a, b); }
+inline freg fma_f(freg a, freg b, freg c) { return _mm512_fmadd_ps(a, b, c); }
+inline void store_f(float* p, freg v) { _mm512_storeu_ps(p, v); }
+// Unsigned codes times the four signed activation bytes x4 (the same in every lane), summed per lane.
+struct Codes {
+  ireg w;
+};
+template <bool kSigned>
+inline Codes prepare(ireg w) {
+  return {w};
+}
+template <bool kSigned>
+inline ireg dot(ireg acc, const Codes& c, int32_t x4) {
+  return _mm512_dpbusd_epi32(acc, c.w, _mm512_set1_epi32(x4));
+}
+constexpr bool kBiasedInt8 = true;  // int8 codes enter as code + 128, corrected afterwards
+#elif defined(__AVX2__)
+#define FERRY_DOT_ISA "avx2"
+typedef __m256i ireg;  // 8 columns, or 32 code bytes
+typedef __m256 freg;
+constexpr int kRegs = 2;
+constexpr int kMaxRows = 3;  // 4 accumulators per row: 12 of the 16 ymm
+inline ireg load_codes(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline ireg izero() { return _mm256_setzero_si256(); }
+inline ireg low_nibbles(ireg w) { return _mm256_and_si256(w, _mm256_set1_epi8(15)); }
+inline ireg high_nibbles(ireg w) { return _mm256_and_si256(_mm256_srli_epi16(w, 4), _mm256_set1_epi8(15)); }
+inline ireg sub_i(ireg a, int32_t b) { return _mm256_sub_epi32(a, _mm256_set1_epi32(b)); }
+inline ireg add_i(ireg a, ireg b) { return _mm256_add_epi32(a, b); }
+inline ireg shift8_i(ireg a) { return _mm256_slli_epi32(a, 8); }
+inline freg to_f(ireg a) { return _mm256_cvtepi32_ps(a); }
+inline freg fzero() { return _mm256_setzero_ps(); }
+inline freg load_f(const float* p) { return _mm256_loadu_ps(p); }
+inline freg splat_f(float v) { return _mm256_set1_ps(v); }
+inline freg mul_f(freg a, freg b) { return _mm256_mul_ps(a, b); }
+inline freg fma_f(freg a, freg b, freg c) { return _mm256_fmadd_ps(a, b, c); }
+inline void store_f(float* p, freg v) { _mm256_storeu_ps(p, v); }
+// vpmaddubsw adds two u8 x s8 products into a saturating int16: fine for int4 codes (2 * 15 * 127), not for
+// int8 codes + 128 (2 * 255 * 127). int8 therefore multiplies |code| by the activation with code's sign
+// (at most 2 * 128 * 127 = 32512), llama.cpp's way: signed codes, no correction afterwards.
+struct Codes {
+  ireg magnitude, sign;
+};
+template <bool kSigned>
+inline Codes prepare(ireg w) {
+  if constexpr (kSigned) {
+    const ireg code = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));  // code + 128 -> code
+    return {_mm256_abs_epi8(code), code};
+  } else {
+    return {w, w};
+  }
+}
+template <bool kSigned>
+inline ireg dot(ireg acc, const Codes& c, int32_t x4) {
+  ireg x = _mm256_set1_epi32(x4);
+  if constexpr (kSigned) x = _mm256_sign_epi8(x, c.sign);
+  const ireg pairs = _mm256_maddubs_epi16(c.magnitude, x);
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+constexpr bool kBiasedInt8 = false;
+#else
+#define FERRY_DOT_ISA ""
+#endif
+
+struct DotPacked {
+  const uint8_t* codes;
+  const float* scales;
+  const float* offsets;  // int4 only
+  int64_t k, group_size;
+};
+
+// Activations quantized per 32-input chunk as one or two int8 digits: x ~ d * (256 * q1 + q2) (digits 2) or
+// d * q1 (digits 1, d then the chunk's absmax / 127); per (row, chunk) d, the digit sum sum(256 * q1 + q2) or
+// sum(q1) as an int, and d times it.
+struct QuantRows {
+  std::vector<int8_t> q1, q2;  // [M, K]; q2 empty with one digit
+  std::vector<float> scale, scaled_sum;
+  std::vector<int32_t> sum;
+};
+
+#if defined(__AVX2__)
+
+using ferry_cpu::kLanes;
+using ferry_cpu::loadv;
+using ferry_cpu::vecf;
+typedef int32_t veci __attribute__((vector_size(4 * FERRY_CPU_LANES)));
+typedef int8_t vecb __attribute__((vector_size(FERRY_CPU_LANES), aligned(1)));
+
+inline veci round_to_int(vecf v) {  // to nearest, ties to even (the default rounding mode)
+#if FERRY_CPU_LANES == 16
+  return reinterpret_cast<veci>(_mm512_cvtps_epi32(reinterpret_cast<__m512>(v)));
+#else
+  return reinterpret_cast<veci>(_mm256_cvtps_epi32(reinterpret_cast<__m256>(v)));
+#endif
+}
+
+// a * b - c rounded once: the second digit's remainder, written as the FMA GCC contracted it to anyway (so the
+// rounding is the same on every build; the unit test reproduces it in float64).
+inline vecf mul_sub(vecf a, vecf b, vecf c) {
+#if FERRY_CPU_LANES == 16
+  return reinterpret_cast<vecf>(_mm512_fmsub_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
+                                                reinterpret_cast<__m512>(c)));
+#else
+  return reinterpret_cast<vecf>(_mm256_fmsub_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b),
+                                                reinterpret_cast<__m256>(c)));
+#endif
+}
+
+// One 32-input chunk (vectorised: per call this ran at ~2 ns an input as scalar code, ~2 ms of a batch-8 step).
+template <int kDigits>
+inline void quantize_chunk(const float* x, int8_t* q1, int8_t* q2, float& scale, int32_t& sum) {
+  constexpr int kVecs = kChunk / kLanes;
+  vecf v[kVecs], absmax_v = {};
+  for (int i = 0; i < kVecs; ++i) {
+    v[i] = loadv(x + i * kLanes);
+    const vecf a = reinterpret_cast<vecf>(reinterpret_cast<veci>(v[i]) & 0x7FFFFFFF);
+    absmax_v = absmax_v > a ? absmax_v : a;
+  }
+  float absmax = 0.f;
+  for (int j = 0; j < kLanes; ++j) absmax = std::max(absmax, absmax_v[j]);
+  const float inv = absmax > 0.f ? 127.f / absmax : 0.f;
+  veci sums = {};
+  for (int i = 0; i < kVecs; ++i) {
+    const vecf t = v[i] * inv;  // x in units of absmax / 127: |t| <= 127
+    veci hi = round_to_int(t);
+    hi = hi > 127 ? 127 : hi < -127 ? -127 : hi;
+    *reinterpret_cast<vecb*>(q1 + i * kLanes) = __builtin_convertvector(hi, vecb);
+    if constexpr (kDigits == 2) {  // the remainder, |t - hi| <= 1/2, in steps of 1/256 (128 clamped to 127)
+      veci lo = round_to_int(mul_sub(v[i], vecf{} + inv, __builtin_convertvector(hi, vecf)) * 256.f);
+      lo = lo > 127 ? 127 : lo < -127 ? -127 : lo;
+      *reinterpret_cast<vecb*>(q2 + i * kLanes) = __builtin_convertvector(lo, vecb);
+      sums += hi * 256 + lo;
+    } else {
+      sums += hi;
+    }
+  }
+  sum = 0;
+  for (int j = 0; j < kLanes; ++j) sum += sums[j];
+  scale = absmax / 127.f / (kDigits == 2 ? 256.f : 1.f);
+}
+
+QuantRows quantize_rows(const float* x, int64_t m_rows, int64_t k, int digits) {
+  const int64_t chunks = k / kChunk, n = m_rows * chunks;
+  QuantRows r{std::vector<int8_t>(m_rows * k), std::vector<int8_t>(digits == 2 ? m_rows * k : 0),
+              std::vector<float>(n), std::vector<float>(n), std::vector<int32_t>(n)};
+  for (int64_t i = 0; i < n; ++i) {
+    if (digits == 2)
+      quantize_chunk<2>(x + i * kChunk, &r.q1[i * kChunk], &r.q2[i * kChunk], r.scale[i], r.sum[i]);
+    else
+      quantize_chunk<1>(x + i * kChunk, &r.q1[i * kChunk], nullptr, r.scale[i], r.sum[i]);
+    r.scaled_sum[i] = r.scale[i] * static_cast<float>(r.sum[i]);
+  }
+  return r;
+}
+
+inline const int8_t* digit(const QuantRows& x, int d) { return d == 0 ? x.q1.data() : x.q2.data(); }
+
+inline int32_t four_bytes(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// out[m, block's columns] for kRows rows starting at row0.
+template <int kBits, int kDigits, int kRows>
+void block_rows(const DotPacked& p, const QuantRows& x, int64_t row0, int64_t block, float* out, int64_t n) {
+  constexpr bool kSigned = kBits == 8 && !kBiasedInt8;
+  constexpr int kGroupsPerChunk = kBits == 8 ? kChunk / 4 : kChunk / 8;  // 64-byte code groups per chunk
+  constexpr int kRegBytes = kGroupBytes / kRegs;
+  const int64_t chunks = p.k / kChunk, groups = p.k / p.group_size, chunks_per_group = p.group_size / kChunk;
+  const uint8_t* codes = p.codes + block * chunks * kGroupsPerChunk * kGroupBytes;
+  const float* scales = p.scales + block * groups * kCols;
+  const float* offsets = kBits == 4 ? p.offsets + block * groups * kCols : nullptr;
+  freg acc[kRows][kRegs];
+  for (int m = 0; m < kRows; ++m)
+    for (int h = 0; h < kRegs; ++h) acc[m][h] = fzero();
+  for (int64_t c = 0; c < chunks; ++c) {
+    ireg sums[kDigits][kRows][kRegs];
+    for (int d = 0; d < kDigits; ++d)
+      for (int m = 0; m < kRows; ++m)
+        for (int h = 0; h < kRegs; ++h) sums[d][m][h] = izero();
+    const uint8_t* cc = codes + c * kGroupsPerChunk * kGroupBytes;
+#pragma GCC unroll 8
+    for (int i = 0; i < kGroupsPerChunk; ++i) {
+      for (int h = 0; h < kRegs; ++h) {
+        const ireg w = load_codes(cc + i * kGroupBytes + h * kRegBytes);
+        if constexpr (kBits == 8) {
+          const Codes cw = prepare<kSigned>(w);
+          for (int d = 0; d < kDigits; ++d)
+            for (int m = 0; m < kRows; ++m)
+              sums[d][m][h] = dot<kSigned>(sums[d][m][h], cw, four_bytes(&digit(x, d)[(row0 + m) * p.k + c * kChunk + i * 4]));
+        } else {
+          const Codes lo = prepare<false>(low_nibbles(w)), hi = prepare<false>(high_nibbles(w));
+          for (int d = 0; d < kDigits; ++d)
+            for (int m = 0; m < kRows; ++m) {
+              const int8_t* xq = &digit(x, d)[(row0 + m) * p.k + c * kChunk + i * 8];
+              sums[d][m][h] = dot<false>(dot<false>(sums[d][m][h], lo, four_bytes(xq)), hi, four_bytes(xq + 4));
+            }
+        }
+      }
+    }
+    const int64_t g = c / chunks_per_group;
+    for (int m = 0; m < kRows; ++m) {
+      const int64_t rc = (row0 + m) * chunks + c;
+      const freg d = splat_f(x.scale[rc]);
+      for (int h = 0; h < kRegs; ++h) {
+        const freg scale = load_f(scales + g * kCols + h * (kCols / kRegs));
+        ireg s = sums[0][m][h];
+        if constexpr (kDigits == 2) s = add_i(shift8_i(s), sums[1][m][h]);
+        if constexpr (kBits == 8 && kBiasedInt8) s = sub_i(s, 128 * x.sum[rc]);
+        acc[m][h] = fma_f(to_f(s), mul_f(d, scale), acc[m][h]);
+        if constexpr (kBits == 4)
+          acc[m][h] = fma_f(splat_f(x.scaled_sum[rc]), load_f(offsets + g * kCols + h * (kCols / kRegs)), acc[m][h]);
+      }
+    }
+  }
+  const int64_t col = block * kCols, valid = std::min<int64_t>(kCols, n - col);
+  for (int m = 0; m < kRows; ++m) {
+    float row[kCols];
+    for (int h = 0; h < kRegs; ++h) store_f(row + h * (kCols / kRegs), acc[m][h]);
+    std::copy(row, row + valid, out + (row0 + m) * n + col);
+  }
+}
+
+template <int kBits, int kDigits>
+void run(const DotPacked& p, const QuantRows& x, int64_t m_rows, int64_t n, float* out) {
+  const int64_t blocks = (n + kCols - 1) / kCols;
+  at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      for (int64_t m = 0; m < m_rows; m += kMaxRows) {
+        switch (std::min<int64_t>(kMaxRows, m_rows - m)) {
+#define FERRY_ROWS_CASE(R)                                                        \
+  case R:                                                                         \
+    if constexpr (R <= kMaxRows) block_rows<kBits, kDigits, R>(p, x, m, block, out, n); \
+    break;
+          FERRY_ROWS_CASE(1)
+          FERRY_ROWS_CASE(2)
+          FERRY_ROWS_CASE(3)
+          FERRY_ROWS_CASE(4)
+          FERRY_ROWS_CASE(5)
+          FERRY_ROWS_CASE(6)
+          FERRY_ROWS_CASE(7)
+          FERRY_ROWS_CASE(8)
+#undef FERRY_ROWS_CASE
+          default:
+            TORCH_INTERNAL_ASSERT(false);
+        }
+      }
+    }
+  });
+}
+
+#endif  // __AVX2__
+
+std::string quant_dot_isa() { return FERRY_DOT_ISA; }
+
+// x [M, K] fp32 contiguous; codes, scales, offsets in pack_for_dot's layout (offsets: int4 only, else an empty
+// tensor); n: the real output columns (the blocks may be padded) -> [M, n] fp32.
+at::Tensor quant_dot_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                            const at::Tensor& offsets, int64_t bits, int64_t group_size, int64_t n,
+                            int64_t digits) {
+  TORCH_CHECK(!quant_dot_isa().empty(), "quant_dot_linear: built without AVX2 (see quant_dot_isa())");
+  TORCH_CHECK_VALUE(bits == 8 || bits == 4, "bits: ", bits, ", expected 8 or 4");
+  TORCH_CHECK_VALUE(group_size == 32 || group_size == 64 || group_size == 128, "group_size: ", group_size);
+  TORCH_CHECK_VALUE(digits == 1 || digits == 2, "digits: ", digits, ", expected 1 or 2");
+  TORCH_INTERNAL_ASSERT(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat);
+  const int64_t m_rows = x.size(0), k = x.size(1), blocks = (n + kCols - 1) / kCols;
+  const int64_t inputs_per_group = bits == 8 ? 4 : 8;
+  TORCH_CHECK_VALUE(codes.dim() == 3 && codes.size(0) == blocks && codes.size(1) * inputs_per_group == k &&
+                        codes.size(2) == kGroupBytes && k % group_size == 0,
+                    "x [", m_rows, ", ", k, "] does not fit packed codes ", codes.sizes(), " for ", n, " outputs");
+  TORCH_INTERNAL_ASSERT(codes.is_contiguous() && codes.scalar_type() == at::kByte && scales.is_contiguous() &&
+                        scales.scalar_type() == at::kFloat && scales.numel() == blocks * (k / group_size) * kCols);
+  TORCH_INTERNAL_ASSERT(bits == 8 || (offsets.is_contiguous() && offsets.scalar_type() == at::kFloat &&
+                                      offsets.numel() == scales.numel()));
+  auto out = at::empty({m_rows, n}, x.options());
+#if defined(__AVX2__)
+  const QuantRows q = quantize_rows(x.data_ptr<float>(), m_rows, k, static_cast<int>(digits));
+  const DotPacked p{codes.data_ptr<uint8_t>(), scales.data_ptr<float>(),
+                    bits == 4 ? offsets.data_ptr<float>() : nullptr, k, group_size};
+  float* o = out.data_ptr<float>();
+  if (bits == 8)
+    digits == 2 ? run<8, 2>(p, q, m_rows, n, o) : run<8, 1>(p, q, m_rows, n, o);
+  else
+    digits == 2 ? run<4, 2>(p, q, m_rows, n, o) : run<4, 1>(p, q, m_rows, n, o);
+#endif
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(ferry_cpu, m) {
+  m.def("quant_dot_isa() -> str", &quant_dot_isa);
+  m.def(
+      "quant_dot_linear(Tensor x, Tensor codes, Tensor scales, Tensor offsets, int bits, int group_size, int n, "
+      "int digits) -> Tensor",
+      &quant_dot_linear);
+}
