@@ -84,7 +84,9 @@ class Worker(Pulling, Reporting, abc.ABC):
         """The engine's thread; pass the one the engine was built on (compute.py says why)."""
         self.ledger = RequestLedger()
         is_cancelled = self.ledger.cancelled.__contains__
-        self.handoffs = HandoffSender(nc, store, self.worker_id, settings.block_size, is_cancelled)
+        self.handoffs = HandoffSender(
+            nc, store, self.worker_id, settings.block_size, is_cancelled, settings.handoff_skip_stored
+        )
         self.stream = TokenStream(nc, self.worker_id, settings.stream_interval_ms / 1000)
         """Token events out, held back per stream for FERRY_STREAM_INTERVAL_MS (coalesce.py)."""
         self.has_work = asyncio.Event()
@@ -218,10 +220,16 @@ class Worker(Pulling, Reporting, abc.ABC):
     def step(self) -> Any:
         """Runs on the engine thread."""
         trace.hop("*", f"{self.role[0]}w.step_start")
+        before = getattr(self.engine, "last_step", None)
         self.slo.before_step(self.engine)
         outputs = self.engine.step()
         self.slo.after_step(self.engine)
-        trace.hop("*", f"{self.role[0]}w.step_end")
+        if trace.enabled():  # what the step ran (an empty step leaves the last record in place)
+            record = getattr(self.engine, "last_step", None)
+            sizes = {}
+            if record is not None and record is not before:
+                sizes = {"seqs": record.num_seqs, "prefill_tokens": record.num_prefill_tokens}
+            trace.hop("*", f"{self.role[0]}w.step_end", outputs=len(outputs), **sizes)
         return outputs
 
     async def after_step(self, outputs: Any) -> None:

@@ -31,14 +31,26 @@ MAX_RETRY_DELAY_S = 1.0
 
 
 class HandoffSender:
-    def __init__(self, nc: Client, store, worker_id: str, block_size: int, is_cancelled: Callable[[str], bool]) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        store,
+        worker_id: str,
+        block_size: int,
+        is_cancelled: Callable[[str], bool],
+        skip_stored: bool = True,
+    ) -> None:
         self.nc = nc
         self.store = store
         self.worker_id = worker_id
         self.block_size = block_size
         self.is_cancelled = is_cancelled
+        self.skip_stored = skip_stored
+        """Write only the blocks after the chain's leading ones the store holds (FERRY_HANDOFF_SKIP_STORED)."""
         self.num_accepted = 0
         self.num_kv_store_failures = 0
+        self.num_blocks_skipped = 0
+        """Hand-off blocks not written because the store held them already."""
 
     async def send(self, request: GenerateRequest, new_token_ids: list[int], kv, timeout_s: float) -> bool:
         """Store the KV (`PrefilledKV` of prompt + outputs so far), then offer the sequence with
@@ -55,7 +67,7 @@ class HandoffSender:
         num_kv_tokens = kv.num_tokens
         try:
             if hashes:  # the copy off the device started on the engine thread; it is waited for here
-                await self.store.put_blocks(hashes, await kv.copy.result())
+                await self.put_missing(hashes, kv)
         except KvStoreError as exc:
             self.num_kv_store_failures += 1
             log.warning("KV of %s not stored (%s): the next worker will recompute it", request.request_id, exc)
@@ -67,6 +79,18 @@ class HandoffSender:
             kv_blocks=refs,
             num_kv_tokens=num_kv_tokens,
         )
+
+    async def put_missing(self, hashes: list[bytes], kv) -> None:
+        """Write the hand-off's blocks, less the chain's leading ones the store holds already (one EXISTS
+        round trip): a conversation's next turn re-sends its history, whose blocks an earlier hand-off or
+        write-back stored, and rewriting them (~260 KB a block on the bench model) costs this worker's
+        CPU (and the GIL its engine thread needs) while the next prompt computes. A block evicted between
+        this lookup and the decode worker's read is recomputed there, as any evicted block is."""
+        num_stored = await self.store.num_leading_stored(hashes) if self.skip_stored else 0
+        data = await kv.copy.result()
+        self.num_blocks_skipped += num_stored
+        if num_stored < len(hashes):
+            await self.store.put_blocks(hashes[num_stored:], data[num_stored:])
 
     async def offer(self, handoff: Handoff, timeout_s: float) -> bool:
         """Ask the decode-balancers, backing off exponentially, until one accepts, the request is

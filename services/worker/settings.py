@@ -30,6 +30,11 @@ class WorkerSettings(ServiceSettings):
         description="decode: when a sequence finishes, write the full blocks it added (its output) to the KV "
         "store, so the next turn of the conversation finds its whole history there",
     )
+    handoff_skip_stored: bool = Field(
+        default=True,
+        description="a hand-off writes only the blocks after the leading ones the KV store holds already (one "
+        "EXISTS round trip first): a conversation's later turns do not rewrite their whole history",
+    )
     kv_writeback_delay_s: float = Field(
         default=0.0,
         ge=0,

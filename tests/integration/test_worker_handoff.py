@@ -1,15 +1,29 @@
 """Offering a hand-off (`HandoffSender.offer`) over a real nats-server, against a scripted
 decode-balancer on `ferry.handoff`: retried with exponential backoff (0.05 s, doubling, at most
 1 s) until accepted, until the request is cancelled, or until the next try would start after the
-timeout."""
+timeout. Storing its KV (`store_kv`) on a real redis-server: only what the store lacks is written."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+import torch
 
-from ferry.protocol import GenerateRequest, Handoff, HandoffReply, SamplingParams, decode, encode, subjects
+from ferry.engine.kv_copy import OutCopy
+from ferry.engine.outputs import PrefilledKV
+from ferry.kvstore.redis_transport import RedisTransport
+from ferry.kvstore.store import KvStore
+from ferry.protocol import (
+    GenerateRequest,
+    Handoff,
+    HandoffReply,
+    SamplingParams,
+    decode,
+    encode,
+    hash_full_blocks,
+    subjects,
+)
 from ferry_services.worker.handoff import HandoffSender
 
 pytestmark = pytest.mark.integration
@@ -83,3 +97,32 @@ async def test_with_no_balancer_at_all_the_offer_times_out(nc):
     start = time.monotonic()
     assert not await sender(nc).offer(handoff(), timeout_s=0.3)
     assert time.monotonic() - start < 1.5
+
+
+def prefilled(tokens: list[int], block_size: int, fill: float) -> PrefilledKV:
+    """A sequence's KV as the engine hands it over: every block filled with `fill`."""
+    hashes = hash_full_blocks(tokens, block_size)
+    num_blocks = -(-len(tokens) // block_size)
+    data = torch.full((num_blocks, 2, 3), fill)  # [n, *block_shape]
+    return PrefilledKV(list(range(num_blocks)), hashes, len(tokens), OutCopy(data))
+
+
+@pytest.mark.parametrize("skip_stored", [True, False])
+async def test_a_handoff_writes_only_what_the_store_lacks_and_the_decode_side_reads_it_whole(
+    nc, redis_url, skip_stored
+):
+    store = KvStore(RedisTransport(redis_url), "ns-handoff")
+    tokens = list(range(100, 150))  # 3 full blocks of 16 and a 2-token tail
+    earlier = prefilled(tokens[:32], 16, fill=1.0)  # an earlier turn stored the first two blocks
+    await store.put_blocks(earlier.block_hashes, earlier.copy.wait())
+    request = GenerateRequest("h", "gw", "m", tokens, SamplingParams())
+    offers = HandoffSender(nc, store, "p", 16, is_cancelled=lambda _: False, skip_stored=skip_stored)
+
+    out = await offers.store_kv(request, [7], prefilled(tokens, 16, fill=2.0))
+
+    assert [ref.num_tokens for ref in out.kv_blocks] == [16, 16, 16, 2] and out.num_kv_tokens == 50
+    data = await store.get_blocks([ref.block_hash for ref in out.kv_blocks])  # what the decode worker reads
+    assert data is not None and data.shape == (4, 2, 3)
+    # skipped: the stored blocks (equal KV in a real engine) are not rewritten; the rest is written
+    assert [float(block[0, 0]) for block in data] == ([1.0, 1.0] if skip_stored else [2.0, 2.0]) + [2.0, 2.0]
+    assert offers.num_blocks_skipped == (2 if skip_stored else 0)

@@ -248,6 +248,9 @@ async def test_missing_kv_blocks_are_recomputed_counted_and_still_exact(system, 
         async def lookup(self, hashes):  # nothing stays stored: no prefix to reuse
             return 0
 
+        async def num_leading_stored(self, hashes):
+            return 0
+
         async def put_blocks(self, hashes, data):
             await prefill_store.put_blocks(hashes, data)
             await redis.flushdb()

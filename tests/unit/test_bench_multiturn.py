@@ -70,3 +70,43 @@ def test_report_says_both_modes_were_warmed_up(tmp_path):
     report["config"]["warmup_users"] = 0
     write_markdown(tmp_path / "README.md", report)
     assert "No warm-up" in (tmp_path / "README.md").read_text()
+
+
+def test_hop_trace_splits_a_turns_ttft_and_finds_its_first_token_step():
+    from ferry.bench.multiturn_trace import breakdown, request_hops
+
+    def hop(t, rid, name, pid=1, **info):
+        return {"t": t, "rid": rid, "hop": name, "pid": pid, **info}
+
+    lines = [
+        hop(10.002, "a", "gw.http", 9),
+        hop(10.003, "a", "gw.submit", 9),
+        hop(10.004, "a", "pb.submit", 8),
+        hop(10.005, "a", "pb.routed", 8),
+        hop(10.006, "a", "pw.pulled"),
+        hop(10.007, "a", "pw.settled"),
+        hop(10.008, "a", "pw.prefix"),
+        hop(10.000, "*", "pw.step_start"),  # a step already running when it was admitted
+        hop(10.010, "*", "pw.step_end", outputs=1, seqs=1, prefill_tokens=300),
+        hop(10.011, "*", "pw.step_start"),
+        hop(10.041, "*", "pw.step_end", outputs=1, seqs=1, prefill_tokens=40),
+        hop(10.020, "*", "pw.step_start", 2),  # another process's steps (the decode worker's): not its
+        hop(10.060, "*", "pw.step_end", 2, outputs=1, seqs=1, prefill_tokens=99),
+        hop(10.042, "a", "pw.published"),
+        hop(10.043, "a", "gw.event", 9),
+        hop(10.044, "a", "gw.sse", 9),
+        hop(10.050, "*", "pw.step_start"),  # after its token: not its
+        hop(10.090, "*", "pw.step_end", outputs=1, seqs=1, prefill_tokens=5),
+    ]
+    turn = TurnResult(0, 2, 300, True, ttft_s=0.045, request_id="a", sent_at=10.000)
+    other = TurnResult(1, 2, 300, True, ttft_s=0.1, request_id="not-traced", sent_at=10.0)
+    rows = request_hops(lines, [turn, other])
+    assert len(rows) == 1 and rows[0]["turn"] == 2
+    assert (rows[0]["pw.first_step"], rows[0]["pw.step_start"], rows[0]["pw.step_end"]) == (10.011, 10.011, 10.041)
+    assert rows[0]["step_prefill_tokens"] == 40 and rows[0]["num_steps"] == 1
+    summary = breakdown(rows)
+    segments = summary["segments"]
+    assert segments["pw.step_start>pw.step_end"]["p50"] == pytest.approx(30.0)
+    assert segments["pw.prefix>pw.first_step"]["p50"] == pytest.approx(3.0)  # waited for the running step
+    # the segments tile the path: their means add up to the mean TTFT
+    assert sum(s["mean"] for s in segments.values()) == pytest.approx(summary["ttft_ms"]["mean"]) == 45.0

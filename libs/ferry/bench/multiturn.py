@@ -81,6 +81,10 @@ class TurnResult:
     e2e_s: float | None = None
     num_output_tokens: int = 0
     error: str | None = None
+    request_id: str | None = None
+    """The server's id of the completion (its SSE events' `id`): joins a hop trace (multiturn_trace.py)."""
+    sent_at: float = 0.0
+    """Wall clock (unix s) when the request was sent."""
 
 
 @dataclass(slots=True)
@@ -122,8 +126,10 @@ async def _user(client, base_url, model, config, conv, system, session, turns, r
         )
         body = {**build_body(call, model, "extra"), "return_token_ids": True}
         token_ids: list[int] = []
+        ids: list[str] = []
+        sent_at = time.time()
         result = await stream_completion(
-            client, f"{base_url}/v1/completions", body, call, 0.0, timeout_s, on_event=_collect_ids(token_ids)
+            client, f"{base_url}/v1/completions", body, call, 0.0, timeout_s, on_event=_collect_ids(token_ids, ids)
         )
         results.append(
             TurnResult(
@@ -135,6 +141,8 @@ async def _user(client, base_url, model, config, conv, system, session, turns, r
                 result.e2e_s,
                 result.num_output_tokens,
                 result.error,
+                ids[0] if ids else None,
+                sent_at,
             )
         )
         if not result.ok:
@@ -143,8 +151,10 @@ async def _user(client, base_url, model, config, conv, system, session, turns, r
         await asyncio.sleep(conv.think_s[k])
 
 
-def _collect_ids(token_ids: list[int]):
+def _collect_ids(token_ids: list[int], request_ids: list[str]):
     def on_event(event: dict) -> None:
+        if not request_ids and event.get("id"):
+            request_ids.append(event["id"])
         for choice in event.get("choices") or []:
             token_ids.extend(choice.get("token_ids") or ())
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ferry.bench import multiturn_trace
+
 
 def write_markdown(path: Path, report: dict) -> None:
     modes, ratios, config = report["modes"], report["ratios"], report["config"]
@@ -55,7 +57,7 @@ def write_markdown(path: Path, report: dict) -> None:
         cells += [str(after.get(k, "")) for k in ("device", "host", "remote", "computed")]
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
     errors = {m: modes[m]["turns"]["num_errors"] + modes[m]["after_restart"]["num_errors"] for m in modes}
-    lines += ["", f"Errors: {errors}", ""]
+    lines += ["", f"Errors: {errors}", *multiturn_trace.markdown(modes), ""]
     path.write_text("\n".join(lines))
 
 

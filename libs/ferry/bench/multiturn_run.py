@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ferry.bench.multiturn import ConversationConfig, Session, make_conversations, run_turns, summarize
 from ferry.bench.multiturn_report import write_markdown, write_plot
+from ferry.bench.multiturn_trace import turn_breakdowns
 from ferry.launcher import servers
 from ferry.launcher.up import plan_services, spawn, stop_children, wait_ready
 
@@ -56,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="before turn 1 of each mode and again before the turn after the restart, this many unrelated "
         "one-turn conversations (own tokens: no shared prefix), so both modes start with warm processes; "
         "0: none (default %(default)s)",
+    )
+    m.add_argument(
+        "--trace-hops",
+        action="store_true",
+        help="stamp every service's hops (FERRY_TRACE_FILE, one file per mode in its logs folder) and report "
+        "where each turn's TTFT went (multiturn_trace.py)",
     )
     m.add_argument(
         "--prefill-kv-blocks", type=int, default=1024, help="the prefill worker's pool (default %(default)s)"
@@ -118,8 +125,11 @@ def _run_mode(mode, model, config, nats_url, redis_url, args, run_dir: Path) -> 
         port=servers.free_port(),
     )
     specs = plan_services(ns, model, nats_url, redis_url)
+    trace_file = run_dir / "hops.jsonl"
     for spec in specs:
         spec.env.update(MODES[mode])
+        if args.trace_hops:
+            spec.env["FERRY_TRACE_FILE"] = str(trace_file)
         if spec.env.get("FERRY_ROLE") == "prefill":
             spec.env["FERRY_NUM_KV_BLOCKS"] = str(args.prefill_kv_blocks)
     children = [spawn(spec, run_dir) for spec in specs]
@@ -157,6 +167,8 @@ def _run_mode(mode, model, config, nats_url, redis_url, args, run_dir: Path) -> 
         result["after_restart"]["prefix_blocks_by_tier"] = {
             tier: n - baseline.get(tier, 0) for tier, n in after_tiers.items()
         }
+        if args.trace_hops:
+            result["hops"] = turn_breakdowns(trace_file, turns, after)
         return result
     finally:
         stop_children(children)

@@ -20,11 +20,12 @@ def enabled() -> bool:
     return bool(_PATH)
 
 
-def hop(request_id: str, name: str) -> None:
-    """Record that `request_id` reached `name` now; a no-op unless FERRY_TRACE_FILE is set."""
+def hop(request_id: str, name: str, **info: int | float | str) -> None:
+    """Record that `request_id` reached `name` now (with `info`, e.g. a step's sizes, in the same line);
+    a no-op unless FERRY_TRACE_FILE is set."""
     if not _PATH:
         return
-    line = json.dumps({"t": time.time(), "rid": request_id, "hop": name, "pid": os.getpid()}) + "\n"
+    line = json.dumps({"t": time.time(), "rid": request_id, "hop": name, "pid": os.getpid(), **info}) + "\n"
     # One small O_APPEND write per line: lines from several processes do not interleave.
     fd = os.open(_PATH, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:

@@ -103,6 +103,10 @@ class KvStore:
         self._stats.num_lookup_hits += num_leading
         return num_leading
 
+    async def num_leading_stored(self, hashes: Sequence[bytes]) -> int:
+        """As `lookup`, for a writer that skips what is stored: not counted as a prefix lookup."""
+        return await num_leading_present(self.transport, self.keys(hashes))
+
     def stats(self) -> KvStoreStats:
         s = self._stats
         return KvStoreStats(**{name: getattr(s, name) for name in KvStoreStats.__slots__})

@@ -59,6 +59,9 @@ class RecordingStore:
     async def lookup(self, hashes):
         return await self.store.lookup(hashes)
 
+    async def num_leading_stored(self, hashes):
+        return await self.store.num_leading_stored(hashes)
+
 
 def record_steps(worker, timeline: Timeline) -> None:
     step = worker.step
