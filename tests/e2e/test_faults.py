@@ -38,7 +38,12 @@ ENV = {
     "FERRY_REQUEST_TIMEOUT_S": "60",
     "FERRY_MAX_ATTEMPTS": "3",
     "FERRY_LOG_LEVEL": "INFO",
+    "FERRY_STREAM_INTERVAL_MS": "0",
 }
+"""FERRY_STREAM_INTERVAL_MS 0: the faults are timed by SSE chunks, one per token here. With `ferry up`'s
+small-machine default (20 ms bunches) the tiny model's 160 tokens come in ~10 chunks within ~0.25 s, and
+a fault meant for mid-stream lands after the end. Bunched streams are covered elsewhere
+(tests/integration/test_worker_pipeline.py, the other e2e tests run `ferry up` with its defaults)."""
 
 
 @dataclass

@@ -49,6 +49,7 @@ STREAM_TIMEOUT_S = 60.0
 @pytest.fixture(scope="module")
 def two_decode(e2e_model, nats_url, redis_url, tmp_path_factory):
     env = {"FERRY_REQUEST_TIMEOUT_S": "60", "FERRY_MAX_ATTEMPTS": "3", "FERRY_LOAD_INTERVAL_S": str(REPORT_INTERVAL_S)}
+    env["FERRY_STREAM_INTERVAL_MS"] = "0"  # the freeze is timed by chunks, one per token (test_faults.py says why)
     run_dir = tmp_path_factory.mktemp("slow")
     running = start_system(e2e_model, nats_url, redis_url, run_dir, prefill=1, decode=2, extra_env=env)
     yield running, run_dir
