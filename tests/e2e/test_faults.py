@@ -283,13 +283,18 @@ def check(system: FaultSystem, table: list[Row], fault: str, outcomes: list[Outc
     return row
 
 
-def test_sigkill_decode_worker_mid_stream(fault_system, baseline, table):
+def test_sigkill_decode_worker_mid_stream(fault_system, table):
+    """Streams 4x the usual length (and their own fault-free run): at 160 tokens a fast decode could end
+    every stream between the 10th token and the kill (finding the busiest worker takes a load report)."""
+    long_tokens = 4 * MAX_TOKENS
+    baseline = asyncio.run(run_load(fault_system, max_tokens=long_tokens))
+    assert all(not o.error and o.num_tokens == long_tokens for o in baseline), baseline
     before = migrations(fault_system)
 
     async def kill_busiest_decode_worker() -> None:
         fault_system.kill(await fault_system.busiest("decode"))
 
-    outcomes = asyncio.run(run_load(fault_system, kill_busiest_decode_worker, when_chunks=10))
+    outcomes = asyncio.run(run_load(fault_system, kill_busiest_decode_worker, 10, long_tokens))
     row = check(fault_system, table, "SIGKILL decode worker mid-stream", outcomes, baseline, before)
     assert row.migrated >= 1, "the kill hit no request: the test proved nothing"
 
