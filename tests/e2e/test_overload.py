@@ -54,6 +54,11 @@ at once), workers +0.1..0.2 MiB (they never see a rejected request). 16 MiB is 2
 allocator arenas and GC timing on a shared box. What bounds the work is admission itself (the 429s);
 this bound catches a leak or a buffer that keeps rejected requests, which would grow with every one of
 the hundreds of retries."""
+WORKER_RSS_BOUND_MIB = 64
+"""The workers never see a rejected request: their peak grows with the admitted ones only (8 under the
+burst, against 4 in the warm run: KV copies of twice the sequences finishing together). One CI run of
+2026-12-04 measured the decode worker at +16.1 MiB (others +0.1..0.2); a leak per rejected request would
+still pass this by hundreds of MiB."""
 LATENCY_FACTOR = 4.0
 """Admitted requests under the burst vs the same requests alone. Behavioural, not a benchmark: the
 burst's 429s cost CPU (gateway and this test's own HTTP client) on a 2-core box shared with the workers
@@ -255,5 +260,5 @@ def test_burst_of_10x_gets_429_and_admitted_requests_keep_latency(overload_syste
     # after queueing behind the admitted requests (~1-2 s each, and 10 of them would be ~10 s)
     assert loaded.slowest_reject_s < REQUEST_TIMEOUT_S / 3, "a 429 must come at once, not after queueing"
     assert loaded.completed == loaded.admitted >= ADMIT
-    assert all(g < RSS_BOUND_MIB for g in growth.values()), growth
+    assert all(g < (RSS_BOUND_MIB if name == "gateway" else WORKER_RSS_BOUND_MIB) for name, g in growth.items()), growth
     assert max(under_burst) <= LATENCY_FACTOR * max(unloaded), (unloaded, under_burst)
