@@ -56,9 +56,10 @@ this bound catches a leak or a buffer that keeps rejected requests, which would 
 the hundreds of retries."""
 WORKER_RSS_BOUND_MIB = 64
 """The workers never see a rejected request: their peak grows with the admitted ones only (8 under the
-burst, against 4 in the warm run: KV copies of twice the sequences finishing together). One CI run of
-2026-12-04 measured the decode worker at +16.1 MiB (others +0.1..0.2); a leak per rejected request would
-still pass this by hundreds of MiB."""
+burst, against 4 in the warm run: KV copies of twice the sequences finishing together). Measured on the
+2-core box on 2026-12-04: the decode worker +8.9 and +11.1 MiB at 5bf224d, +13.5 and +16.1 MiB (one CI
+failure at the old 16) after that day's changes; the prefill worker +1.2..4.7. A leak per rejected request
+would pass this by hundreds of MiB."""
 LATENCY_FACTOR = 4.0
 """Admitted requests under the burst vs the same requests alone. Behavioural, not a benchmark: the
 burst's 429s cost CPU (gateway and this test's own HTTP client) on a 2-core box shared with the workers
