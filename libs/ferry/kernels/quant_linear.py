@@ -82,12 +82,15 @@ def pack_cpu(qw: QuantizedWeight) -> CpuPacked | DotPacked:
     return pack_for_dot(qw) if INT8_ACTIVATIONS and dot_kernel_built() else pack_for_cpu(qw)
 
 
-ACTIVATION_DIGITS = {8: 2, 4: 1}
+ACTIVATION_DIGITS = {8: 2, 4: 2}
 """int8 digits per activation, by weight bits. One digit (x ~ d * q, d = absmax / 127 per 32 inputs) moved
 SmolLM2's teacher-forced int8 run from KL 0.0011 to 0.0040 nats and its argmax agreement to 0.949-0.973
 (the 95% bar, within a tie or two); two (x ~ d / 256 * (256 * q1 + q2), the second digit the first's
 remainder) keep 0.0011 / 0.996, the float path's, at twice the dot instructions. Against int4's own weight
-error (KL ~0.4) one digit's is noise."""
+error (KL ~0.4) one digit's looked like noise, but on SmolLM2's own Q4_1 codes (the served default) one
+digit turned the README's greedy answer to "What is the capital of France?" from "The capital of France
+is Paris." into "L'Étoile, la Cité, ..." (agreement with the dequantized fp32 model 0.953): two for int4
+too."""
 
 
 def dot_quant_matmul(x: torch.Tensor, packed: DotPacked, digits: int | None = None) -> torch.Tensor:
