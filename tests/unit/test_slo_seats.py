@@ -124,3 +124,60 @@ def test_admit_keeps_the_cap_when_the_seat_would_cost_more_requests_their_tpot_t
     tight = running(4, 0.0, 100, 200)
     now_s = (50.0 * 300 - 200 * machine_ms(4, 0, 1200) - 100.0) / 1000
     assert ctl.admit([QueuedPrompt("new", now_s, 200)], tight, 1200, now_s, cap=4).max_num_seqs == 4
+
+
+class QueueEngine:
+    """The surface AdaptiveLimits uses: a queue of prompts (a long one first, past saving) and
+    four running decodes."""
+
+    class config:
+        max_num_seqs = 256
+
+    last_step = None
+
+    def __init__(self, now_s: float) -> None:
+        self.waiting = [("late", 0.0, 3000, 16), ("a", now_s, 60, 16), ("b", now_s, 60, 16)]
+        self.limits: list[int] = []
+        self.orders: list[list[str]] = []
+
+    def prompts(self, waiting: bool = True) -> list:
+        return list(self.waiting) if waiting else []
+
+    def running_decodes(self) -> list:
+        return [(f"d{i}", 100, 5, 100) for i in range(4)]
+
+    def decode_load(self) -> tuple[int, int]:
+        return 4, 420
+
+    def prefill_backlog(self) -> list:
+        return []
+
+    def reorder_waiting(self, keys: list[str]) -> None:
+        self.orders.append(keys)
+
+    def set_limits(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.limits.append(max_num_seqs)
+
+
+def adaptive_limits(fixed_cap=None):
+    from ferry.engine.adaptive import AdaptiveLimits
+
+    limits = AdaptiveLimits(SloTargets(tpot_ms=50.0, ttft_ms=2000.0), fixed_cap=fixed_cap)
+    for i in range(400):
+        seqs, prefill, context = 1 + i % 37, (i * 37) % 700, (1 + i % 37) * (20 + (i * 13) % 500)
+        limits.model.observe(StepRecord(seqs, prefill, context, machine_ms(seqs, prefill, context)))
+    return limits
+
+
+def test_a_fixed_cap_keeps_the_slo_admission_order_but_never_moves():
+    now_s = 1.9
+    held, engine = adaptive_limits(fixed_cap=6), QueueEngine(now_s)
+    for step in range(5):
+        held.before_step(engine, now_s + step * 0.02)
+    assert engine.limits == [6] * 5  # no plan, no seats beyond it
+    assert engine.orders and all(order[-1] == "late" for order in engine.orders)  # the admission still reorders
+    free, engine = adaptive_limits(), QueueEngine(now_s)
+    free.before_step(engine, now_s)
+    assert engine.limits[0] != 6  # the same state, adaptive: the controller's own cap
+    with pytest.raises(ValueError, match="fixed_cap"):
+        adaptive_limits(fixed_cap=0)

@@ -120,13 +120,25 @@ def test_small_slo_bench_writes_goodput_attainment_and_caps(tmp_path):
             num_windows=4,
             ablation=True,
             ablation_itl_factors=(1.0,),
+            slo_fixed=True,
             show_progress=False,
         )
         report = run_slo_bench(cfg)
     finally:
         torch.set_num_threads(threads)
-    assert list(report["systems"]) == ["adaptive", "adaptive-fcfs", "adaptive-fcfs-itl1", "fixed-2", "fixed-8"]
+    assert list(report["systems"]) == [
+        "adaptive",
+        "adaptive-fcfs",
+        "adaptive-fcfs-itl1",
+        "slo-fixed-2",
+        "slo-fixed-8",
+        "fixed-2",
+        "fixed-8",
+    ]
     assert report["best_fixed"] in ("fixed-2", "fixed-8")
+    assert report["best_slo_fixed"] in ("slo-fixed-2", "slo-fixed-8")
+    assert "adaptive_goodput_vs_best_slo_fixed" in report["ratios"]
+    assert "slo-fixed-2_cap" not in report["windows"]  # a held cap has no cap-over-time record
     assert report["ratios"].keys() >= {"adaptive-fcfs_goodput_vs_best_fixed", "adaptive_goodput_vs_best_fixed"}
     n = report["trace"]["num_requests"]
     for s in report["systems"].values():

@@ -109,6 +109,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "TPOT-slack prefill or seats beyond the cap (ablation of the SLO admission)",
     )
     t.add_argument(
+        "--slo-fixed",
+        action="store_true",
+        help="also run slo-fixed-<cap> for every --fixed-caps cap: adaptive's SLO admission (on-time order, "
+        "TPOT-slack prefill) with the cap held fixed; the ratio to the best of them is what the cap's "
+        "adaptation adds beyond the admission",
+    )
+    t.add_argument(
         "--ablation-itl-factor",
         type=float,
         action="append",
@@ -204,6 +211,7 @@ def _run_trace(args: argparse.Namespace, out: Path) -> int:
         max_requests=args.trace_max_requests,
         ablation=args.no_slo_admission,
         ablation_itl_factors=tuple(args.ablation_itl_factor),
+        slo_fixed=args.slo_fixed,
         show_progress=not args.no_progress,
     )
     report = run_slo_bench(cfg)

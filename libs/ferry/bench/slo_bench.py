@@ -7,6 +7,9 @@ work in it). Systems: `adaptive` (AdaptiveLimits: the step-time model learned on
 engine's own steps, the token mix from its arrivals, the cap and chunk budget chosen before every
 step to keep predicted p90 TPOT within the target) and `fixed-<cap>` for every fixed cap (the
 engine's default 2048-token step budget, as a server configured with FERRY_MAX_NUM_SEQS runs).
+With `slo_fixed`, also `slo-fixed-<cap>` for every fixed cap: the same SLO admission as adaptive
+(on-time order, TPOT-slack chunk) with the cap held there, so the report separates what the cap's
+adaptation adds from what the admission adds.
 
 Goodput: requests meeting BOTH targets (TTFT <= ttft_slo_ms, TPOT <= tpot_slo_ms; TPOT is a
 request's mean inter-token time) per second of trace. Also SLO attainment per time window of
@@ -32,6 +35,7 @@ from ferry.slo import ControllerLimits, ForecastConfig, SloTargets
 
 FORECAST_INTERVALS_PER_DAY = 48
 ABLATION = "adaptive-fcfs"
+SLO_FIXED = "slo-fixed-"
 PROBE_REQUESTS = 24
 
 
@@ -63,6 +67,9 @@ class SloBenchConfig:
     """Also run `adaptive-fcfs-itl<F>` for each F: the ablation with ControllerLimits.max_itl_factor
     F (the FCFS chunk rule: a step with deferrable prefill may take F TPOT targets; default 4):
     an A/B of that rule in one run."""
+    slo_fixed: bool = False
+    """Also run `slo-fixed-<cap>` for each fixed cap: SloController.admit with the cap held
+    (AdaptiveLimits.fixed_cap: no plan, no seats beyond it)."""
     show_progress: bool = True
 
     def __post_init__(self) -> None:
@@ -120,8 +127,13 @@ def run_slo_bench(cfg: SloBenchConfig) -> dict:
         controllers[ABLATION] = _adaptive(cfg, trace["duration_s"], targets, admission=False)
     for factor in cfg.ablation_itl_factors:
         controllers[f"{ABLATION}-itl{factor:g}"] = _adaptive(cfg, trace["duration_s"], targets, False, factor)
+    caps = {"adaptive": cfg.adaptive_max_num_seqs} | {name: cfg.adaptive_max_num_seqs for name in controllers}
+    if cfg.slo_fixed:
+        for cap in cfg.fixed_caps:
+            controllers[f"{SLO_FIXED}{cap}"] = _adaptive(cfg, trace["duration_s"], targets, True, fixed_cap=cap)
+            caps[f"{SLO_FIXED}{cap}"] = cap
     turns = {
-        name: engine_turns(lm, _config(cfg, cfg.adaptive_max_num_seqs), requests, arrivals, name, adaptive=c)
+        name: engine_turns(lm, _config(cfg, caps[name]), requests, arrivals, name, adaptive=c)
         for name, c in controllers.items()
     }
     for cap in cfg.fixed_caps:
@@ -137,7 +149,12 @@ def run_slo_bench(cfg: SloBenchConfig) -> dict:
 
 
 def _adaptive(
-    cfg: SloBenchConfig, duration_s: float, targets: SloTargets, admission: bool, itl_factor: float | None = None
+    cfg: SloBenchConfig,
+    duration_s: float,
+    targets: SloTargets,
+    admission: bool,
+    itl_factor: float | None = None,
+    fixed_cap: int | None = None,
 ) -> AdaptiveLimits:
     day_s = cfg.day_night.day_s if cfg.trace == "day-night" else duration_s
     forecast = ForecastConfig(
@@ -146,7 +163,9 @@ def _adaptive(
     limits = ControllerLimits(max_num_seqs=cfg.adaptive_max_num_seqs, fixed_num_seqs=32)
     if itl_factor is not None:
         limits = replace(limits, max_itl_factor=itl_factor)
-    return AdaptiveLimits(targets, limits, role="both", forecast=forecast, keep_history=True, admission=admission)
+    return AdaptiveLimits(
+        targets, limits, role="both", forecast=forecast, keep_history=True, admission=admission, fixed_cap=fixed_cap
+    )
 
 
 def _config(cfg: SloBenchConfig, cap: int):
@@ -179,14 +198,20 @@ def build_report(cfg, trace, requests, arrivals, results, controllers, targets) 
         systems[name] = _summary(result, rows, good, duration)
         windows[name] = _attainment(window_of, good, cfg.num_windows)
     for name, controller in controllers.items():
-        windows[f"{name}_cap"] = _cap_windows(controller, edges)
-        systems[name]["cap_changes"] = cap_changes(controller.history or [])
+        if controller.fixed_cap is None:
+            windows[f"{name}_cap"] = _cap_windows(controller, edges)
+            systems[name]["cap_changes"] = cap_changes(controller.history or [])
     best_fixed = max((n for n in systems if n.startswith("fixed-")), key=lambda n: systems[n]["goodput_rps"])
     best = systems[best_fixed]["goodput_rps"]
     ceiling = len(requests) / duration / best if best else None
     ratios = {
         f"{name}_goodput_vs_best_fixed": systems[name]["goodput_rps"] / best if best else None for name in controllers
     }
+    slo_fixed = [n for n in systems if n.startswith(SLO_FIXED)]
+    best_slo_fixed = max(slo_fixed, key=lambda n: systems[n]["goodput_rps"]) if slo_fixed else None
+    if best_slo_fixed is not None:
+        base = systems[best_slo_fixed]["goodput_rps"]
+        ratios["adaptive_goodput_vs_best_slo_fixed"] = systems["adaptive"]["goodput_rps"] / base if base else None
     return {
         "kind": "slo_trace",
         "model": str(cfg.model),
@@ -196,6 +221,7 @@ def build_report(cfg, trace, requests, arrivals, results, controllers, targets) 
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items() if k != "day_night"},
         "systems": systems,
         "best_fixed": best_fixed,
+        "best_slo_fixed": best_slo_fixed,
         "ratios": {**ratios, "ceiling_vs_best_fixed": ceiling},
         "windows": windows,
         "step_model": controllers["adaptive"].model.snapshot(),

@@ -105,8 +105,17 @@ def _changes(report: dict) -> list[str]:
 
 
 def _ablation(report: dict) -> str:
+    out = ""
     ratio = report["ratios"].get("adaptive-fcfs_goodput_vs_best_fixed")
-    return "" if ratio is None else f"; adaptive-fcfs (ablation: adaptive cap, FCFS order): **{ratio:.2f}x**"
+    if ratio is not None:
+        out += f"; adaptive-fcfs (ablation: adaptive cap, FCFS order): **{ratio:.2f}x**"
+    ratio = report["ratios"].get("adaptive_goodput_vs_best_slo_fixed")
+    if report.get("best_slo_fixed"):
+        out += (
+            f"; adaptive / the best fixed cap with the same SLO admission ({report['best_slo_fixed']}): "
+            f"**{_fmt(ratio, 2)}x** (what the cap's adaptation adds)"
+        )
+    return out
 
 
 def _load(trace: dict) -> list[str]:

@@ -72,9 +72,15 @@ class AdaptiveLimits:
         forecast: ForecastConfig | None = None,
         keep_history: bool = False,
         admission: bool = True,
+        fixed_cap: int | None = None,
     ) -> None:
+        if fixed_cap is not None and fixed_cap < 1:
+            raise ValueError(f"AdaptiveLimits.fixed_cap={fixed_cap}: must be >= 1")
         self.role = role
         self.admission = admission
+        self.fixed_cap = fixed_cap
+        """Hold a decoding role's cap here (no plan, no smoothing, no seats beyond it): the SLO
+        admission with a fixed cap, the baseline that tells what the adaptive cap adds."""
         self.model = StepTimeModel()
         self.controller = SloController(self.model, targets, limits)
         lim = self.controller.limits
@@ -130,7 +136,12 @@ class AdaptiveLimits:
         self._track_first_tokens(running, now_s)
         mix = self.mix_now(waiting, head, running)
         plan = self.controller.decode_plan(mix, self.role == "both", self.forecast_rps)
-        smoothed = self.smoother.update(plan.max_num_seqs) if plan.is_model_ready else plan.max_num_seqs
+        if self.fixed_cap is not None:
+            smoothed = self.fixed_cap
+        elif plan.is_model_ready:
+            smoothed = self.smoother.update(plan.max_num_seqs)
+        else:
+            smoothed = plan.max_num_seqs
         self._planned = (plan.max_num_seqs, smoothed)
         plan = self.plan = replace(plan, max_num_seqs=smoothed)
         num_decoding, num_context = engine.decode_load()
@@ -145,8 +156,9 @@ class AdaptiveLimits:
         decision = self.controller.admit(queue, decodes, num_context, now_s, head_prompts, plan.max_num_seqs)
         if decision.num_late:
             engine.reorder_waiting([p.key for p in decision.order])
-        if decision.max_num_seqs is not None and decision.max_num_seqs != plan.max_num_seqs:
-            plan = self.plan = replace(plan, max_num_seqs=decision.max_num_seqs)
+        seats = decision.max_num_seqs if self.fixed_cap is None else None
+        if seats is not None and seats != plan.max_num_seqs:
+            plan = self.plan = replace(plan, max_num_seqs=seats)
         return plan, decision.chunk_tokens, decision.num_late
 
     def _track_first_tokens(self, running: list[tuple[str, int, int, int]], now_s: float) -> None:
