@@ -26,11 +26,12 @@ from ferry.kernels.quant_ref import QuantizedWeight, unpack_nibbles
 
 
 @dataclass(slots=True)
-class CpuPacked:
+class PackedWeight:
+    """A quantized weight laid out for one CPU kernel; each subclass names the layout (module doc)."""
+
     codes: torch.Tensor
-    """int8 [N/16, K, 16] or uint8 [N/32, K, 16]."""
     scales: torch.Tensor
-    """fp32 [blocks, K/G, columns per block]."""
+    """fp32, one per (column, group of G inputs), blocked like the codes."""
     offsets: torch.Tensor
     """fp32 like scales (int4), or an empty tensor (int8)."""
     bits: int
@@ -40,19 +41,15 @@ class CpuPacked:
 
 
 @dataclass(slots=True)
-class DotPacked:
-    """The int8-activation kernel's copy of a weight (pack_for_dot)."""
+class CpuPacked(PackedWeight):
+    """The float kernel's copy (pack_for_cpu): codes int8 [N/16, K, 16] or uint8 [N/32, K, 16], scales
+    [blocks, K/G, columns per block]."""
 
-    codes: torch.Tensor
-    """uint8 [N/16, K/4, 64] (int8) or [N/16, K/8, 64] (int4)."""
-    scales: torch.Tensor
-    """fp32 [N/16, K/G, 16]."""
-    offsets: torch.Tensor
-    """fp32 like scales (int4), or an empty tensor (int8)."""
-    bits: int
-    group_size: int
-    out_features: int
-    """N before padding: the columns the kernel writes."""
+
+@dataclass(slots=True)
+class DotPacked(PackedWeight):
+    """The int8-activation kernel's copy (pack_for_dot): codes uint8 [N/16, K/4, 64] (int8) or
+    [N/16, K/8, 64] (int4), scales [N/16, K/G, 16]."""
 
 
 def block_columns(bits: int) -> int:

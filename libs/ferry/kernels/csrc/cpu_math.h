@@ -1,16 +1,31 @@
-// Vector helpers for the CPU attention kernels: 16-float vectors, dot products with shared horizontal
-// sums, a vectorisable exp and prefetching. Header-only, included by paged_decode.cpp.
+// Vector helpers for the CPU kernels: 16-float vectors, dot products with shared horizontal sums, a
+// vectorisable exp, prefetching, and the row dispatch of the register-blocked quantized matmuls.
+// Header-only, included by paged_decode.cpp, quant_linear.cpp and quant_dot.cpp.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 namespace ferry_cpu {
+
+// Calls f(std::integral_constant<int, R>{}) with R == rows for 1 <= rows <= kMax (a larger count
+// runs kMax): a row count known only at run time, turned into the compile-time constant that sizes
+// a register-blocked kernel's accumulators.
+template <int kMax, int R = 1, typename F>
+inline void with_rows(int64_t rows, F&& f) {
+  static_assert(kMax >= 1 && R >= 1 && R <= kMax);
+  if constexpr (R < kMax) {
+    if (rows > R) return with_rows<kMax, R + 1>(rows, std::forward<F>(f));
+  }
+  f(std::integral_constant<int, R>{});
+}
 
 // One machine vector of floats: 16 lanes (a zmm) where -march gives AVX-512, else 8 (a ymm on AVX2,
 // two q registers on NEON). A width the machine lacks is lowered by GCC through the stack: on an

@@ -287,23 +287,9 @@ void run(const DotPacked& p, const QuantRows& x, int64_t m_rows, int64_t n, floa
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
       for (int64_t m = 0; m < m_rows; m += kMaxRows) {
-        switch (std::min<int64_t>(kMaxRows, m_rows - m)) {
-#define FERRY_ROWS_CASE(R)                                                        \
-  case R:                                                                         \
-    if constexpr (R <= kMaxRows) block_rows<kBits, kDigits, R>(p, x, m, block, out, n); \
-    break;
-          FERRY_ROWS_CASE(1)
-          FERRY_ROWS_CASE(2)
-          FERRY_ROWS_CASE(3)
-          FERRY_ROWS_CASE(4)
-          FERRY_ROWS_CASE(5)
-          FERRY_ROWS_CASE(6)
-          FERRY_ROWS_CASE(7)
-          FERRY_ROWS_CASE(8)
-#undef FERRY_ROWS_CASE
-          default:
-            TORCH_INTERNAL_ASSERT(false);
-        }
+        ferry_cpu::with_rows<kMaxRows>(std::min<int64_t>(kMaxRows, m_rows - m), [&](auto rows) {
+          block_rows<kBits, kDigits, decltype(rows)::value>(p, x, m, block, out, n);
+        });
       }
     }
   });

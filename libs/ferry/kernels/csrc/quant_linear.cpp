@@ -177,22 +177,9 @@ void run(const Packed& p, const float* x, int64_t m_rows, int64_t n, float* out)
       for (int64_t m = 0; m < m_rows; m += kMax) {
         const float* xm = x + m * p.k;
         float* om = out + m * n;
-        switch (std::min<int64_t>(kMax, m_rows - m)) {
-#define FERRY_ROWS_CASE(R)                                                        \
-  case R:                                                                         \
-    if constexpr (R <= kMax) block_rows<kBits, kG, R>(p, block, xm, om, n); \
-    break;
-          FERRY_ROWS_CASE(1)
-          FERRY_ROWS_CASE(2)
-          FERRY_ROWS_CASE(3)
-          FERRY_ROWS_CASE(4)
-          FERRY_ROWS_CASE(5)
-          FERRY_ROWS_CASE(6)
-          FERRY_ROWS_CASE(7)
-          FERRY_ROWS_CASE(8)
-#undef FERRY_ROWS_CASE
-          default: TORCH_INTERNAL_ASSERT(false);
-        }
+        ferry_cpu::with_rows<kMax>(std::min<int64_t>(kMax, m_rows - m), [&](auto rows) {
+          block_rows<kBits, kG, decltype(rows)::value>(p, block, xm, om, n);
+        });
       }
     }
   });
