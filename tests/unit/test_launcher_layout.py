@@ -110,38 +110,32 @@ def test_support_processes_yield_the_cores_to_workers_on_a_small_machine(cores, 
     assert {s.nice for s in specs if s.kind != "worker"} == {nice}
 
 
-@pytest.mark.parametrize(
-    "cores, argv, env, interval",
-    [(2, [], None, "20.0"), (8, [], None, "0.0"), (2, ["--stream-interval-ms", "0"], None, "0.0"), (8, [], "5", "5.0")],
-)
-def test_workers_hold_stream_events_back_on_a_small_machine(monkeypatch, cores, argv, env, interval):
-    if env is None:
-        monkeypatch.delenv("FERRY_STREAM_INTERVAL_MS", raising=False)
-    else:
-        monkeypatch.setenv("FERRY_STREAM_INTERVAL_MS", env)
-    args = parse(*argv)
-    resolve_layout(args, num_cores=cores)
-    specs = plan_services(args, "/m", "nats://n", "redis://r")
-    assert {s.env["FERRY_STREAM_INTERVAL_MS"] for s in specs if s.kind == "worker"} == {interval}
-    assert all("FERRY_STREAM_INTERVAL_MS" not in s.env for s in specs if s.kind != "worker")
+STREAM, WRITEBACK = "FERRY_STREAM_INTERVAL_MS", "FERRY_KV_WRITEBACK_DELAY_S"
 
 
 @pytest.mark.parametrize(
-    "cores, argv, env, delay",
+    "var, cores, argv, env, value",
     [
-        (2, [], None, "5.0"),  # one worker of layout both: nobody else reads its write-backs soon
-        (2, ["--workers", "2"], None, "0.0"),
-        (8, [], None, "0.0"),  # split
-        (2, ["--kv-writeback-delay-s", "0"], None, "0.0"),
-        (2, [], "1.5", "1.5"),
+        # a small machine: workers send a stream's tokens in 20 ms bunches
+        (STREAM, 2, [], None, "20.0"),
+        (STREAM, 8, [], None, "0.0"),
+        (STREAM, 2, ["--stream-interval-ms", "0"], None, "0.0"),
+        (STREAM, 8, [], "5", "5.0"),
+        # one worker of layout both: nobody else reads its write-backs soon, so they wait behind its work
+        (WRITEBACK, 2, [], None, "5.0"),
+        (WRITEBACK, 2, ["--workers", "2"], None, "0.0"),
+        (WRITEBACK, 8, [], None, "0.0"),  # split
+        (WRITEBACK, 2, ["--kv-writeback-delay-s", "0"], None, "0.0"),
+        (WRITEBACK, 2, [], "1.5", "1.5"),
     ],
 )
-def test_one_worker_of_both_roles_writes_back_behind_its_work(monkeypatch, cores, argv, env, delay):
+def test_worker_defaults_follow_the_machine_and_give_way_to_flags_and_env(monkeypatch, var, cores, argv, env, value):
     if env is None:
-        monkeypatch.delenv("FERRY_KV_WRITEBACK_DELAY_S", raising=False)
+        monkeypatch.delenv(var, raising=False)
     else:
-        monkeypatch.setenv("FERRY_KV_WRITEBACK_DELAY_S", env)
+        monkeypatch.setenv(var, env)
     args = parse(*argv)
     resolve_layout(args, num_cores=cores)
     specs = plan_services(args, "/m", "nats://n", "redis://r")
-    assert {s.env["FERRY_KV_WRITEBACK_DELAY_S"] for s in specs if s.kind == "worker"} == {delay}
+    assert {s.env[var] for s in specs if s.kind == "worker"} == {value}
+    assert all(var not in s.env for s in specs if s.kind != "worker")
