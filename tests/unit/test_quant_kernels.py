@@ -176,3 +176,45 @@ def test_int8_activation_kernel_handles_zero_rows_and_takes_the_wrappers_path(ke
     out = quant_matmul(x, qw, None, packed)
     assert torch.equal(out[1], torch.zeros(40))
     torch.testing.assert_close(out, x @ dequantize(qw).T, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_calls_from_bf16_rows_multiply_in_bf16_and_shorter_ones_keep_the_kernel(kernel, monkeypatch, bits):
+    from ferry.kernels import quant_linear as kernels
+    from ferry.kernels.quant_linear import bf16_quant_matmul
+    from ferry.model.quant_linear import QuantLinear
+
+    gen = torch.Generator().manual_seed(9)
+    qw, bias = quantize(torch.randn(48, 128, generator=gen), bits, 32), torch.randn(48, generator=gen)
+    layer = QuantLinear(qw, bias)
+    layer.backend = "cpu"
+    layer.prepack()
+    short, long = torch.randn(7, 128, generator=gen), torch.randn(40, 128, generator=gen)
+    monkeypatch.setattr(kernels, "BF16_FROM_ROWS", 0)
+    kernel_short, kernel_long = layer(short), layer(long)  # off: the kernel at every size
+    monkeypatch.setattr(kernels, "BF16_FROM_ROWS", 16)
+    via_bf16 = bf16_quant_matmul(long, qw) + bias
+    assert torch.equal(layer(long), via_bf16) and torch.equal(quant_matmul(long, qw, bias, layer.packed), via_bf16)
+    assert not torch.equal(via_bf16, kernel_long)  # the switch happened: bf16 rounding differs from the kernel's
+    assert torch.equal(layer(short), kernel_short)  # under the row count: the kernel, bit for bit
+    torch.testing.assert_close(via_bf16, long @ dequantize(qw).T + bias, atol=0.15, rtol=0.02)
+
+
+@pytest.mark.parametrize("value", ["many", "-1", "1.5"])
+def test_a_bad_bf16_rows_setting_is_refused_by_name(monkeypatch, value):
+    from ferry.kernels.quant_linear import _bf16_from_rows
+
+    monkeypatch.setenv("FERRY_QUANT_BF16_FROM_ROWS", value)
+    with pytest.raises(ValueError, match="FERRY_QUANT_BF16_FROM_ROWS"):
+        _bf16_from_rows()
+
+
+@pytest.mark.parametrize("amx, expected", [(True, 512), (False, 0)])
+def test_bf16_rows_are_on_by_default_only_where_the_cpu_has_amx(monkeypatch, amx, expected):
+    from ferry.kernels import quant_linear as kernels
+
+    monkeypatch.delenv("FERRY_QUANT_BF16_FROM_ROWS", raising=False)
+    monkeypatch.setattr(kernels, "cpu_has_amx_bf16", lambda: amx)
+    assert kernels._bf16_from_rows() == expected
+    monkeypatch.setenv("FERRY_QUANT_BF16_FROM_ROWS", "0")
+    assert kernels._bf16_from_rows() == 0

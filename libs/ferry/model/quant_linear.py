@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ferry.kernels import quant_linear as kernels
 from ferry.kernels.quant_linear import dot_arguments, pack_cpu, quant_matmul
 from ferry.kernels.quant_pack import CpuPacked, DotPacked
 from ferry.kernels.quant_ref import DEFAULT_GROUP_SIZE, QuantizedWeight, quantize
@@ -79,6 +80,7 @@ class QuantLinear(nn.Module):
             and x.dim() == 2
             and x.device.type == "cpu"
             and x.is_contiguous()
+            and not (kernels.BF16_FROM_ROWS and x.shape[0] >= kernels.BF16_FROM_ROWS)
         ):
             out = call[0](x, *call[1])
             return out if bias is None else out.add_(bias)
