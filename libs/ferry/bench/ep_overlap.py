@@ -86,13 +86,16 @@ def _timed_step(engine, layers, device: str) -> dict:
     }
 
 
-def _prompts(rank: int, count: int, length: int, salt: int) -> list[list[int]]:
-    return [[(97 * (salt + i) + 31 * j + rank) % 1900 + 50 for j in range(length)] for i in range(count)]
+def _prompts(rank: int, count: int, length: int, salt: int, vocab: int) -> list[list[int]]:
+    """Token ids in [50, 1950), or [50, vocab) for a smaller vocabulary (the `tiny` size's, in tests)."""
+    span = min(1900, vocab - 50)
+    return [[(97 * (salt + i) + 31 * j + rank) % span + 50 for j in range(length)] for i in range(count)]
 
 
 def _add_prefill_work(engine, rank: int, args, salt: int, tag: str = "") -> None:
     sampling = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    for i, ids in enumerate(_prompts(rank, args.prefill_seqs, args.prefill_len, salt * 1000)):
+    prompts = _prompts(rank, args.prefill_seqs, args.prefill_len, salt * 1000, engine.lm.config.vocab_size)
+    for i, ids in enumerate(prompts):
         engine.add_request(f"p{salt}{tag}-{i}", ids, sampling)
 
 
@@ -145,7 +148,7 @@ def _decode_max_tokens(args) -> int:
 
 def _measure_decode(engine, layers, args, rank) -> dict[str, list]:
     sampling = SamplingParams(max_tokens=_decode_max_tokens(args), temperature=0.0, ignore_eos=True)
-    for i, ids in enumerate(_prompts(rank, args.decode_seqs, args.decode_context, 7)):
+    for i, ids in enumerate(_prompts(rank, args.decode_seqs, args.decode_context, 7, engine.lm.config.vocab_size)):
         engine.add_request(f"d{i}", ids, sampling)
     engine.runner.mode = "single"
     while engine.stats().num_waiting or any(s.num_computed_tokens < s.num_tokens - 1 for s in engine.scheduler.running):
@@ -197,7 +200,19 @@ def _rank_main(rank: int, args: argparse.Namespace, address: GroupAddress, model
     dist.gather_object(result, gathered, dst=0)
     if rank == 0:  # a file, not a queue: the parent reads only after every rank exited
         Path(out_file).write_text(json.dumps(gathered))
-    leave_group()
+    leave_group(exit_process=True)
+
+
+def run_ranks(args: argparse.Namespace) -> list[dict]:
+    """Writes the random checkpoint (~285 MB at `bench` size) to a temporary folder, runs the ranks on
+    it, and deletes the folder however the run ends; -> each rank's samples."""
+    with tempfile.TemporaryDirectory(prefix="ferry-ep-bench") as tmp:
+        work = Path(tmp)
+        model = make_model(work / "ds", "deepseek-v3", args.model_size)
+        samples_file = work / "samples.json"
+        address = GroupAddress.free_local()
+        mp.spawn(_rank_main, args=(args, address, str(model), str(samples_file)), nprocs=args.ranks)
+        return json.loads(samples_file.read_text())
 
 
 def main() -> None:
@@ -205,6 +220,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--pin", choices=PIN_CHOICES, default="none")
+    parser.add_argument("--model-size", default="bench", help="make_model's size of the random DeepSeek-V3")
     parser.add_argument(
         "--phases", type=lambda text: text.split(","), default=["prefill", "decode"], help="prefill,decode or one"
     )
@@ -219,11 +235,7 @@ def main() -> None:
     for name in ("rounds", "prefill_steps", "decode_steps"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')}: {getattr(args, name)}, expected >= 1")
-    work = Path(tempfile.mkdtemp(prefix="ferry-ep-bench"))
-    model = make_model(work / "ds", "deepseek-v3", "bench")
-    samples_file = work / "samples.json"
-    mp.spawn(_rank_main, args=(args, GroupAddress.free_local(), str(model), str(samples_file)), nprocs=args.ranks)
-    per_rank = json.loads(samples_file.read_text())
+    per_rank = run_ranks(args)
     steps = {phase: getattr(args, f"{phase}_steps") for phase in args.phases}
     result = summarise(per_rank, steps, host_blocks=not args.device.startswith("cuda"))
     threads = {rank: data.pop("thread_cores") for rank, data in enumerate(per_rank)}

@@ -140,5 +140,5 @@ def _rank_main(rank, ep_size, address, model, prompts, sampling, config, placeme
         for part, _ in gathered:
             for index, result in part:
                 ordered[index] = result
-        results.put(GroupRun(ordered, [load for _, load in gathered]))
-    leave_group(group)
+        results.put(GroupRun(ordered, [load for _, load in gathered]))  # SimpleQueue: written now
+    leave_group(group, exit_process=True)

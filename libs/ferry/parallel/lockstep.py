@@ -8,9 +8,12 @@ stops only when no rank has work left (an all-reduce per step).
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -63,11 +66,35 @@ def init_group(
     return dist.group.WORLD
 
 
-def leave_group(group: dist.ProcessGroup | None = None) -> None:
+def leave_group(group: dist.ProcessGroup | None = None, exit_process: bool = False) -> None:
     """Every rank reaches this point before any tears down: rank 0 hosts the rendezvous store, and
-    a rank that exits while another still talks to it aborts (gloo)."""
+    a rank that exits while another still talks to it aborts (gloo).
+
+    exit_process: then end this (rank) process at once, without the interpreter's finalization.
+    Why: destroy_process_group() does not stop gloo's worker threads (`pt_gloo_runloop`); they live
+    as long as the ProcessGroup object, which the engine's layers still hold, so they run on into the
+    interpreter's finalization. A worker releases a finished collective's work (and its tensors) a
+    little after wait() has returned; a tensor whose Python object was dropped meanwhile is owned by
+    the C++ side, and freeing it takes the GIL. A thread that asks for the GIL once finalization has
+    begun is ended by Python with pthread_exit, whose unwinding through a C++ destructor (noexcept)
+    calls std::terminate: "terminate called without an active exception", SIGABRT, and the group
+    reports a failed rank although every result was delivered. Only on a loaded box does a worker
+    lag that long. os._exit skips finalization (no thread ever meets a finalizing interpreter), after
+    stdio is flushed; what the rank sends must already be written (SimpleQueue, files: synchronous)."""
     dist.barrier(group=group)
     dist.destroy_process_group()
+    if exit_process:
+        exit_now(0)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Ends this process without the interpreter's finalization (see leave_group), stdio flushed."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or gone: nothing to keep
+            pass
+    os._exit(code)
 
 
 def check_group_config(config: EngineConfig, ep_size: int) -> None:
