@@ -111,7 +111,8 @@ class PrefillBalancer(Balancer[PrefillWork]):
                     return
                 await asyncio.sleep(0.05)
             for request_id, chain in self.recent_chains.of(namespace):
-                self.num_rewarmed += await self.warm_chain(request_id, namespace, chain)
+                partial = self.recent_chains.partial(namespace, chain)
+                self.num_rewarmed += await self.warm_chain(request_id, namespace, chain, partial)
         finally:
             if self._rewarms.get(worker_id) is asyncio.current_task():
                 del self._rewarms[worker_id]
@@ -132,13 +133,16 @@ class PrefillBalancer(Balancer[PrefillWork]):
         affinity through the prefix index: the one holding the chain's head, unless it is too busy)."""
         if not self.settings.kv_prefetch:
             return
-        self.prefixes.apply("stored", warm.kv_namespace, STORE, warm.block_hashes)  # before the store's own events
-        self.recent_chains.add(warm.request_id, warm.kv_namespace, warm.block_hashes)
-        await self.warm_chain(warm.request_id, warm.kv_namespace, warm.block_hashes)
+        written = warm.block_hashes + ([warm.partial_hash] if warm.partial_hash else [])
+        self.prefixes.apply("stored", warm.kv_namespace, STORE, written)  # before the store's own events
+        self.recent_chains.add(warm.request_id, warm.kv_namespace, warm.block_hashes, warm.partial_hash)
+        await self.warm_chain(warm.request_id, warm.kv_namespace, warm.block_hashes, warm.partial_hash)
 
-    async def warm_chain(self, request_id: str, namespace: str, chain: list[bytes]) -> int:
-        """Have the worker the chain's next turn would be routed to now fetch the blocks of it it lacks;
-        1 when a warm-up was sent, else 0."""
+    async def warm_chain(
+        self, request_id: str, namespace: str, chain: list[bytes], partial: bytes | None = None
+    ) -> int:
+        """Have the worker the chain's next turn would be routed to now fetch the blocks of it it lacks
+        (and the chain's partial last block: the next turn extends it); 1 when a warm-up was sent, else 0."""
         states = [s for s in self.runtime.view.routable(time.monotonic()) if s.report.kv_namespace == namespace]
         if not states:
             return 0
@@ -147,7 +151,7 @@ class PrefillBalancer(Balancer[PrefillWork]):
         choice = choose_prefill_worker(states, len(chain) * block_size, self.config, cached, self.mean_prompt_tokens)
         if choice.worker_id is None:
             return 0
-        missing = self.prefixes.not_held(namespace, choice.worker_id, chain)
+        missing = self.prefixes.not_held(namespace, choice.worker_id, chain + ([partial] if partial else []))
         if not missing:
             return 0
         missing = missing[: self.settings.max_prefetch_blocks]

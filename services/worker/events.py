@@ -9,10 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
-from ferry.protocol import BlockRef, GenerateRequest, OutputBatch, TokenEvent, TokenLogprob, hash_block
-
-PARTIAL_BLOCK_KEY = "partial"
-"""Extra hash key of a trailing partial block: never equal to a full block's hash."""
+from ferry.protocol import BlockRef, GenerateRequest, OutputBatch, TokenEvent, TokenLogprob, hash_partial_block
 
 
 class Output(Protocol):
@@ -74,6 +71,6 @@ def handoff_blocks(
     if tail:
         parent = hashes[-1] if hashes else None
         tail_tokens = token_ids[num_full * block_size : num_kv_tokens]
-        hashes.append(hash_block(parent, tail_tokens, [PARTIAL_BLOCK_KEY]))
+        hashes.append(hash_partial_block(parent, tail_tokens))
         refs.append(BlockRef(hashes[-1], tail))
     return hashes, refs

@@ -48,20 +48,25 @@ async def write_back(worker: Any, sequence_id: str, request: GenerateRequest, sk
     taken = await worker.compute.call(worker.engine.take_finished_chain, sequence_id, skip)
     if taken is None:
         return 0
-    chain, copy = taken
+    chain, copy, partial = taken
     data = await copy.result()  # the copy out of the pool, under way since the engine thread took it
+    # its partial last block too (the answer's last 1..block_size-1 tokens): the next turn, which extends
+    # them, copies it instead of computing them again (ferry.engine.partial_blocks)
+    written = chain + ([partial] if partial is not None else [])
     try:
         start = 0 if skip_prompt else await worker.store.lookup(chain)
-        if skip + start < len(chain):
-            await worker.store.put_blocks(chain[skip + start :], data[start:])
+        if skip + start < len(written):
+            await worker.store.put_blocks(written[skip + start :], data[start:])
     except KvStoreError as exc:
         log.info("KV of %s not written back: %s", request.request_id, exc)
         return 0
+    if not chain:
+        return len(written) - skip - start
     # the next turn starts with this chain: a prefill-balancer has it prefetched where that turn will go,
     # the decode-balancers credit this worker (it holds the chain) for decoding it
-    warm = KvWarm(request.request_id, worker.namespace, chain, worker_id=worker.worker_id)
+    warm = KvWarm(request.request_id, worker.namespace, chain, worker_id=worker.worker_id, partial_hash=partial)
     await worker.nc.publish(subjects.KV_WARM, encode(warm))
-    return max(0, len(chain) - skip - start)
+    return max(0, len(written) - skip - start)
 
 
 POLL_S = 0.05

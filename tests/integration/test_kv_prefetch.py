@@ -14,7 +14,16 @@ from test_prefix_reuse import PREFIX, client, tiny_model  # noqa: F401
 from test_worker_pipeline import GREEDY, System
 from waiting import wait_until
 
-from ferry.protocol import Cancel, KvPrefetch, SamplingParams, decode, encode, hash_full_blocks, subjects
+from ferry.protocol import (
+    Cancel,
+    KvPrefetch,
+    SamplingParams,
+    decode,
+    encode,
+    hash_full_blocks,
+    hash_partial_block,
+    subjects,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -67,7 +76,8 @@ async def test_next_turn_finds_its_history_warmed_up(system, nc, client, tiny_mo
         lambda: decode_worker.num_written_back_blocks, "the decode worker wrote turn 1's output blocks back"
     )
     hashes = hash_full_blocks(history[:-1], 16)
-    written = hashes[len(TURN_1) // 16 :]  # from the block that holds the prompt's tail on
+    # from the block that holds the prompt's tail on, and the partial last block (1 token: 113 computed)
+    written = hashes[len(TURN_1) // 16 :] + [hash_partial_block(hashes[-1], history[112:113])]
     assert decode_worker.num_written_back_blocks == len(written)
     # turn end: the decode worker's KvWarm made the balancer send the prefill worker (which holds the
     # prompt's blocks) a warm-up of exactly the blocks it lacks, fetched before any next turn exists
@@ -84,7 +94,8 @@ async def test_next_turn_finds_its_history_warmed_up(system, nc, client, tiny_mo
     tiers = prefill.prefix_blocks_by_tier
     num_prompt_blocks = len(TURN_1) // 16
     assert tiers["computed"] == num_prompt_blocks  # turn 1: nothing cached anywhere yet
-    assert (tiers["device"], tiers["host"], tiers["remote"]) == (num_prompt_blocks, len(written), 0)  # turn 2
+    assert (tiers["device"], tiers["host"], tiers["remote"]) == (num_prompt_blocks, len(written) - 1, 0)  # turn 2
+    assert prefill.engine.stats().num_partial_hit_tokens == 1  # turn 1's last computed token: copied, not computed
     assert not [p for p in prefetches if p.request_id == "turn-2"]  # nothing left for the routing to fetch
 
 
@@ -110,9 +121,11 @@ async def test_a_both_roles_worker_writes_the_whole_conversation_back(system, cl
     output_1 = await serve(client, "turn-1", TURN_1, LONG)
     assert system.workers["decode-t"].num_written_back_blocks == 0  # it never left the both-roles worker
     await wait_until(lambda: both.num_written_back_blocks, "the both-roles worker wrote turn 1 back")
-    chain = hash_full_blocks((TURN_1 + output_1)[:-1], 16)
-    assert both.num_written_back_blocks == len(chain)  # nothing of it was in the store before
-    assert await both.store.lookup(chain) == len(chain)
+    history = (TURN_1 + output_1)[:-1]
+    chain = hash_full_blocks(history, 16)
+    partial = hash_partial_block(chain[-1], history[len(chain) * 16 :])
+    assert both.num_written_back_blocks == len(chain) + 1  # nothing of it was in the store before
+    assert await both.store.lookup(chain + [partial]) == len(chain) + 1
 
 
 async def test_after_every_worker_restarts_the_conversation_is_warmed_up_again(system, client, tiny_model):
@@ -121,7 +134,7 @@ async def test_after_every_worker_restarts_the_conversation_is_warmed_up_again(s
     output_1 = await serve(client, "turn-1", TURN_1, LONG)
     history = TURN_1 + output_1
     chain = hash_full_blocks(history[:-1], 16)
-    written = chain[len(TURN_1) // 16 :]
+    written = chain[len(TURN_1) // 16 :] + [hash_partial_block(chain[-1], history[len(chain) * 16 : -1])]
     await wait_until(
         lambda: system.workers["prefill-t"].prefetcher.stats.num_fetched_blocks == len(written), "turn 1 warmed up"
     )
@@ -129,9 +142,10 @@ async def test_after_every_worker_restarts_the_conversation_is_warmed_up_again(s
         await system.stop_worker(worker_id)
     decode_worker = await system.start_worker("decode", "decode-t")
     prefill = await system.start_worker("prefill", "prefill-t")
-    # nothing of the conversation is in the new pool or host tier: the whole chain is fetched again
+    # nothing of the conversation is in the new pool or host tier: the whole chain is fetched again,
+    # with its partial last block
     await wait_until(
-        lambda: prefill.prefetcher.stats.num_fetched_blocks == len(chain),
+        lambda: prefill.prefetcher.stats.num_fetched_blocks == len(chain) + 1,
         "the restarted prefill worker warmed up with the whole history",
     )
     assert prefill.prefetcher.stats.num_warm == 1

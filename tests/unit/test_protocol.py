@@ -140,7 +140,11 @@ SAMPLES = {
     "kv_prefetch": KvPrefetch(request_id="req-1", kv_namespace="llama-fp32-v1-abc", block_hashes=_HASHES[:2]),
     "kv_resync": KvResync(requester="prefill-balancer-1"),
     "kv_warm": KvWarm(
-        request_id="req-1", kv_namespace="llama-fp32-v1-abc", block_hashes=_HASHES[:2], worker_id="decode-1"
+        request_id="req-1",
+        kv_namespace="llama-fp32-v1-abc",
+        block_hashes=_HASHES[:2],
+        worker_id="decode-1",
+        partial_hash=_HASHES[2],
     ),
     "kv_lookup": KvLookup(kv_namespace="llama-fp32-v1-abc", block_hashes=_HASHES),
     "kv_lookup_reply": KvLookupReply(num_cached_blocks=2),

@@ -4,8 +4,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from ferry.protocol import GenerateRequest, SamplingParams, hash_block, hash_full_blocks
-from ferry_services.worker.events import PARTIAL_BLOCK_KEY, batch_by_gateway, handoff_blocks
+from ferry.protocol import PARTIAL_BLOCK_KEY, GenerateRequest, SamplingParams, hash_block, hash_full_blocks
+from ferry_services.worker.events import batch_by_gateway, handoff_blocks
 from ferry_services.worker.recent import RecentIds
 
 pytestmark = pytest.mark.unit

@@ -4,7 +4,9 @@ A block holds `block_size` tokens of KV. A full block whose KV is computed is na
 chained hash of its prefix (ferry.protocol.hash_block) and stays findable after its last owner
 frees it, until a fresh allocation evicts it (least recently freed first). Full prompt blocks
 are named at allocation, before their KV exists ("pending"): a second sequence that would hit a
-pending block waits one step instead of computing the same prefix again.
+pending block waits one step instead of computing the same prefix again. A sequence's trailing
+partial block is named too when the sequence frees it, and a later prompt that extends its tokens
+gets a copy of it (engine/partial_blocks.py).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ferry.engine.partial_blocks import tail_keys
 from ferry.engine.sequence import Sequence
-from ferry.protocol import hash_block
+from ferry.protocol import hash_block, hash_partial_block
 
 
 @dataclass(slots=True)
@@ -23,6 +26,9 @@ class PrefixMatch:
     """Cached, computed blocks that cover the sequence's leading tokens."""
     is_pending: bool
     """The next block is being computed by another sequence right now: better to wait."""
+    tail: tuple[int, int] | None = None
+    """(block id, tokens) of a cached partial block holding the tokens right after `block_ids`: its KV
+    is copied into the sequence's next block at allocation (partial_blocks.py)."""
 
 
 class BlockManager:
@@ -48,6 +54,11 @@ class BlockManager:
         self.on_evict: Callable[[int, bytes], None] | None = None
         """Called with (block id, hash) when a computed cached block is about to be reused, while its
         KV is still intact: the engine's host tier keeps a copy (engine/host_tier.py)."""
+        self.on_copy: Callable[[int, int], None] | None = None
+        """Copies one block's KV into another (src, dst), at once: set by the engine. Without it a
+        cached partial block is never matched (its KV could not be copied)."""
+        self.num_tail_hit_tokens = 0
+        """Of num_hit_tokens, those copied from cached partial blocks."""
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -130,12 +141,23 @@ class BlockManager:
             if not self._is_computed[block_id]:
                 return PrefixMatch(hits, True)
             hits.append(block_id)
-        return PrefixMatch(hits, False)
+        return PrefixMatch(hits, False, self._match_tail(seq, len(hits)))
+
+    def _match_tail(self, seq: Sequence, num_hits: int) -> tuple[int, int] | None:
+        if self.on_copy is None:
+            return None
+        for num_tokens, key in tail_keys(seq.token_ids, seq.block_hashes, num_hits, self.block_size):
+            block_id = self._hash_to_block.get(key)
+            if block_id is not None and self._is_computed[block_id]:
+                return block_id, num_tokens
+        return None
 
     def num_blocks_taken(self, seq: Sequence, match: PrefixMatch | None = None) -> int:
         """Free-list blocks allocate(seq, match) would take: fresh ones plus cached hits nobody holds."""
         hits = match.block_ids if match else []
         num_hits_free = sum(1 for b in hits if self._ref_counts[b] == 0)
+        if match is not None and match.tail is not None and self._ref_counts[match.tail[0]] == 0:
+            num_hits_free += 1  # held while the fresh blocks are taken, so none of them is the tail itself
         return self.blocks_for(seq.num_tokens) - len(hits) + num_hits_free
 
     def allocate(self, seq: Sequence, match: PrefixMatch | None = None) -> bool:
@@ -145,13 +167,20 @@ class BlockManager:
         num_new = self.blocks_for(seq.num_tokens) - len(hits)
         if self.num_blocks_taken(seq, match) > len(self._free):
             return False
-        for block_id in hits:
+        tail = match.tail if match else None
+        for block_id in hits + ([tail[0]] if tail else []):
             if self._ref_counts[block_id] == 0:
                 del self._free[block_id]
             self._ref_counts[block_id] += 1
         seq.block_ids = hits + [self._take_fresh() for _ in range(num_new)]
         seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
         seq.num_committed_blocks = len(hits)
+        if tail is not None:  # copy-on-write: the sequence appends to its own copy of the partial block
+            assert self.on_copy is not None
+            self.on_copy(tail[0], seq.block_ids[len(hits)])
+            self._unhold(tail[0])
+            seq.num_computed_tokens = seq.num_cached_tokens = seq.num_computed_tokens + tail[1]
+            self.num_tail_hit_tokens += tail[1]
         self.num_hit_tokens += seq.num_cached_tokens
         self._name_pending(seq)
         return True
@@ -206,14 +235,49 @@ class BlockManager:
         seq.num_committed_blocks = num_full
 
     def free(self, seq: Sequence) -> None:
-        """Release every block of `seq`; tail blocks become the first to be evicted."""
+        """Release every block of `seq`; tail blocks become the first to be evicted, except a computed
+        trailing partial block, which stays cached under its partial name (partial_blocks.py)."""
+        self._name_partial(seq)
         for block_id in reversed(seq.block_ids):
-            self._ref_counts[block_id] -= 1
-            assert self._ref_counts[block_id] >= 0, f"block {block_id} freed twice"
-            if self._ref_counts[block_id] == 0:
-                self._release(block_id)
+            self._unhold(block_id)
         seq.block_ids = []
         seq.num_committed_blocks = 0
+
+    def partial_key(self, seq: Sequence) -> bytes | None:
+        """The name of `seq`'s computed trailing partial block, None when it has none (its computed
+        tokens end on a block boundary)."""
+        num_full, num_tokens = divmod(seq.num_computed_tokens, self.block_size)
+        if not num_tokens or not self.enable_prefix_caching:
+            return None
+        self.extend_hashes(seq)
+        parent = seq.block_hashes[num_full - 1] if num_full else None
+        start = num_full * self.block_size
+        return hash_partial_block(parent, seq.token_ids[start : start + num_tokens])
+
+    def _name_partial(self, seq: Sequence) -> None:
+        """Name `seq`'s computed partial last block as a cached one, when `seq` alone holds it."""
+        num_full = seq.num_computed_tokens // self.block_size
+        if num_full >= len(seq.block_ids) or self._ref_counts[seq.block_ids[num_full]] != 1:
+            return
+        key = self.partial_key(seq)
+        if key is None or key in self._hash_to_block:
+            return
+        block_id = seq.block_ids[num_full]
+        pending = self._hashes[block_id]
+        if pending is not None:  # named at admission for its full contents, which it never got
+            if self._is_computed[block_id]:
+                return
+            del self._hash_to_block[pending]
+            self._hashes[block_id] = None
+        self._name(block_id, key)
+        self._is_computed[block_id] = True
+        self._note_stored(key)
+
+    def _unhold(self, block_id: int) -> None:
+        self._ref_counts[block_id] -= 1
+        assert self._ref_counts[block_id] >= 0, f"block {block_id} freed twice"
+        if self._ref_counts[block_id] == 0:
+            self._release(block_id)
 
     # ---- internals -----------------------------------------------------------------------
     def extend_hashes(self, seq: Sequence) -> None:

@@ -19,6 +19,7 @@ import torch
 from ferry.engine.block_manager import BlockManager
 from ferry.engine.host_cache import HostBlockCache
 from ferry.engine.kv_copy import KvCopier
+from ferry.engine.partial_blocks import tail_keys
 from ferry.engine.sequence import Sequence as Seq
 
 
@@ -44,8 +45,9 @@ class HostTier:
         self._evicted.clear()
 
     def promote(self, seq: Seq) -> int:
-        """Load the prompt's leading blocks that only the host holds into free pool slots; how many.
-        Hashes the sequence's blocks once, in seq.block_hashes, where admission finds them."""
+        """Load the prompt's leading blocks that only the host holds into free pool slots, and the
+        partial block that follows them when only the host holds it (engine/partial_blocks.py); how
+        many. Hashes the sequence's blocks once, in seq.block_hashes, where admission finds them."""
         bm = self.block_manager
         bm.extend_hashes(seq)
         hashes = seq.block_hashes[: (seq.num_tokens - 1) // bm.block_size]
@@ -54,23 +56,47 @@ class HostTier:
         # only as many as the free list holds beyond this prompt's own cached blocks: a longer run
         # would evict the first promoted blocks (or the prompt's own) to make room for the last
         num_host = min(num_host, bm.num_free_blocks - num_device)
-        if num_host <= 0:
+        block_ids: list[int] = []
+        blocks: list[torch.Tensor] = []
+        if num_host > 0:
+            bm.touch(hashes[:num_device])
+            for block_hash in hashes[num_device : num_device + num_host]:
+                if not self._adopt(block_hash, block_ids, blocks):
+                    break
+        num_leading = num_device + len(block_ids)
+        if num_leading == num_device + max(num_host, 0) and bm.num_free_blocks > num_leading:
+            partial = self._partial_key(seq, num_leading)
+            if partial is not None:
+                self._adopt(partial, block_ids, blocks)
+        if not block_ids:
             return 0
-        bm.touch(hashes[:num_device])
-        block_ids, blocks = [], []
-        for block_hash in hashes[num_device : num_device + num_host]:
-            block_id = bm.adopt(block_hash)
-            if block_id is None:
-                break
-            block_ids.append(block_id)
-            block = self.cache.get(block_hash)
-            assert block is not None, "a hash the lookup counted left the host tier before it was adopted"
-            blocks.append(block)
         self.flush()  # the adopted slots' previous blocks go to the host before they are overwritten
-        if block_ids:
-            self.copier.write(block_ids, blocks)
+        self.copier.write(block_ids, blocks)
         self.cache.num_hits += len(block_ids)
         return len(block_ids)
+
+    def _partial_key(self, seq: Seq, num_full: int) -> bytes | None:
+        """The name of the partial block after `seq`'s first `num_full` blocks that the host holds and the
+        pool does not (None also when the pool has one: admission copies it from there)."""
+        bm = self.block_manager
+        if bm.on_copy is None or not len(self.cache):
+            return None
+        for _, key in tail_keys(seq.token_ids, seq.block_hashes, num_full, bm.block_size):
+            if bm.num_leading_cached([key]):
+                return None
+            if key in self.cache:
+                return key
+        return None
+
+    def _adopt(self, block_hash: bytes, block_ids: list[int], blocks: list[torch.Tensor]) -> bool:
+        block_id = self.block_manager.adopt(block_hash)
+        if block_id is None:
+            return False
+        block_ids.append(block_id)
+        block = self.cache.get(block_hash)
+        assert block is not None, "a hash the lookup counted left the host tier before it was adopted"
+        blocks.append(block)
+        return True
 
     def keep(self, block_hashes: Sequence[bytes], data: torch.Tensor) -> int:
         """Fetched blocks ([n, *block_shape]) into host memory, unless the pool or the host has them

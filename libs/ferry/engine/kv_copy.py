@@ -210,6 +210,14 @@ class KvCopier:
         index = self._index(block_ids)
         self.kv.data.index_copy_(3, index, data.to(self.kv.dtype).permute(1, 2, 3, 0, 4, 5))
 
+    def copy_within(self, src: int, dst: int) -> None:
+        """Copy pool block `src` into block `dst` (engine thread; on the compute stream, so it lands
+        after every step queued before and before every step queued after)."""
+        if not (0 <= src < self.kv.num_blocks and 0 <= dst < self.kv.num_blocks):
+            raise ValueError(f"blocks {src} -> {dst}: out of range 0..{self.kv.num_blocks - 1}")
+        data = self.kv.data
+        data[:, :, :, dst].copy_(data[:, :, :, src])
+
     # ---- shared ------------------------------------------------------------------------------
     def _index(self, block_ids: Sequence[int]) -> torch.Tensor:
         """block_ids as an int64 index on the pool's device, checked on the host (reading a device

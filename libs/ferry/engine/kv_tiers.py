@@ -17,7 +17,7 @@ class KvTiers:
     block_manager: BlockManager
     host: HostTier | None
     copier: KvCopier
-    _finished_chains: OrderedDict[str, list[bytes]]
+    _finished_chains: OrderedDict[str, tuple[list[bytes], bytes | None]]
     _max_finished_chains: int
 
     def remember_finished(self, max_sequences: int) -> None:
@@ -28,17 +28,30 @@ class KvTiers:
         """(hashes, copy to the host of [n, *block_shape]) of a finished sequence's full blocks after
         the first `skip_blocks`, as far as the pool still holds them; None when it holds none (or it
         was not kept). The copy is under way (OutCopy.result); the caller's I/O side waits for it."""
-        taken = self.take_finished_chain(request_id, skip_blocks)
-        return (taken[0][skip_blocks:], taken[1]) if taken is not None else None
-
-    def take_finished_chain(self, request_id: str, skip_blocks: int = 0) -> tuple[list[bytes], OutCopy] | None:
-        """Like take_finished_kv, with the whole chain: (hashes of every leading full block as far as
-        the pool holds them, copy of those after the first `skip_blocks`)."""
-        chain = self._finished_chains.pop(request_id, None) or []
+        chain, _ = self._finished_chains.pop(request_id, ([], None))
         block_ids = self.block_manager.cached_block_ids(chain[skip_blocks:])
         if not block_ids:
             return None
-        return chain[: skip_blocks + len(block_ids)], self.copier.copy_out(block_ids)
+        return chain[skip_blocks : skip_blocks + len(block_ids)], self.copier.copy_out(block_ids)
+
+    def take_finished_chain(
+        self, request_id: str, skip_blocks: int = 0
+    ) -> tuple[list[bytes], OutCopy, bytes | None] | None:
+        """Like take_finished_kv, with the whole chain and the partial last block: (hashes of every
+        leading full block as far as the pool holds them, copy of those after the first `skip_blocks`
+        followed by the partial block, the partial block's name or None). The partial block comes
+        only when the pool still holds it and the whole chain (engine/partial_blocks.py)."""
+        chain, partial = self._finished_chains.pop(request_id, ([], None))
+        bm = self.block_manager
+        block_ids = bm.cached_block_ids(chain[skip_blocks:])
+        if partial is not None and len(block_ids) == len(chain[skip_blocks:]) and bm.num_leading_cached([partial]):
+            block_ids.extend(bm.cached_block_ids([partial]))
+        else:
+            partial = None
+        if not block_ids:
+            return None
+        num_full = len(block_ids) - (partial is not None)
+        return chain[: skip_blocks + num_full], self.copier.copy_out(block_ids), partial
 
     def num_cached_blocks(self, block_hashes: list[bytes]) -> int:
         """How many leading blocks of this chained-hash list are here now, in the pool or the host tier."""

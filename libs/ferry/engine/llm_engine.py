@@ -43,6 +43,7 @@ class LLMEngine(KvHandoff, KvTiers, SloHooks):
         self.copier = KvCopier(self.runner.kv)
         """Every KV block in or out of the pool goes through it, off the engine thread's critical path."""
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager.on_copy = self._copy_block
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
@@ -57,7 +58,8 @@ class LLMEngine(KvHandoff, KvTiers, SloHooks):
         self.max_model_len = lm.config.max_position_embeddings
         self.generator = torch.Generator().manual_seed(config.seed)
         self._requests: dict[str, RequestState] = {}
-        self._finished_chains: OrderedDict[str, list[bytes]] = OrderedDict()
+        self._finished_chains: OrderedDict[str, tuple[list[bytes], bytes | None]] = OrderedDict()
+        """request id -> (its full blocks' hashes, its partial last block's name) for take_finished_chain."""
         self._max_finished_chains = 0
         self._pinned: dict[str, RequestState] = {}
         self._num_computed_tokens = self._num_steps = self._num_generated = self._num_scheduled = 0
@@ -153,12 +155,19 @@ class LLMEngine(KvHandoff, KvTiers, SloHooks):
         seq = state.seq
         del self._requests[seq.request_id]
         if self._max_finished_chains:
-            self._finished_chains[seq.request_id] = seq.block_hashes[
-                : seq.num_computed_tokens // self.config.block_size
-            ]
+            self._finished_chains[seq.request_id] = (
+                seq.block_hashes[: seq.num_computed_tokens // self.config.block_size],
+                self.block_manager.partial_key(seq),
+            )
             while len(self._finished_chains) > self._max_finished_chains:
                 self._finished_chains.popitem(last=False)
         self.scheduler.remove(seq)
+
+    def _copy_block(self, src: int, dst: int) -> None:
+        """The block manager's copy-on-write of a cached partial block into a new sequence's block."""
+        if self.host is not None:
+            self.host.flush()  # dst may have just been evicted: its old KV goes to the host first
+        self.copier.copy_within(src, dst)
 
     def _pin(self, state: RequestState) -> None:
         del self._requests[state.seq.request_id]
@@ -188,6 +197,7 @@ class LLMEngine(KvHandoff, KvTiers, SloHooks):
             mean_batch_size=self._num_scheduled / max(self._num_steps, 1),
             num_host_blocks=len(self.host.cache) if self.host is not None else 0,
             num_host_hit_blocks=self.host.cache.num_hits if self.host is not None else 0,
+            num_partial_hit_tokens=bm.num_tail_hit_tokens,
         )
 
     # ---- internals ---------------------------------------------------------------------------

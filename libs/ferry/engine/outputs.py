@@ -56,6 +56,8 @@ class EngineStats:
     """Blocks in the host tier now (0 without one)."""
     num_host_hit_blocks: int = 0
     """Blocks loaded back into the pool from the host tier at admissions, since start."""
+    num_partial_hit_tokens: int = 0
+    """Of num_cached_tokens, those copied from cached partial blocks (engine/partial_blocks.py)."""
 
     @property
     def kv_usage(self) -> float:

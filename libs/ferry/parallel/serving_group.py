@@ -262,7 +262,7 @@ class GroupEngine:
         return None if rank is None else self._on(rank, "take_finished_kv", request_id, skip_blocks)
 
     def take_finished_chain(self, request_id: str, skip_blocks: int = 0) -> Any:
-        """(chain, OutCopy) from the rank that held it (an OutCopy crosses the pipe landed)."""
+        """(chain, OutCopy, partial block name) from the rank that held it (an OutCopy crosses the pipe landed)."""
         rank = self.owner.get(request_id)
         return None if rank is None else self._on(rank, "take_finished_chain", request_id, skip_blocks)
 

@@ -1,7 +1,14 @@
 """The wire contract: message types, subjects, codec, block hashes. No I/O."""
 
 from ferry.protocol import subjects
-from ferry.protocol.blocks import HASH_BYTES, ROOT_HASH, hash_block, hash_full_blocks
+from ferry.protocol.blocks import (
+    HASH_BYTES,
+    PARTIAL_BLOCK_KEY,
+    ROOT_HASH,
+    hash_block,
+    hash_full_blocks,
+    hash_partial_block,
+)
 from ferry.protocol.codec import (
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
@@ -46,6 +53,7 @@ __all__ = [
     "HASH_BYTES",
     "KV_TIERS",
     "MAX_MESSAGE_BYTES",
+    "PARTIAL_BLOCK_KEY",
     "PROTOCOL_VERSION",
     "ROLES",
     "ROOT_HASH",
@@ -79,6 +87,7 @@ __all__ = [
     "encode",
     "hash_block",
     "hash_full_blocks",
+    "hash_partial_block",
     "message_types",
     "subjects",
 ]

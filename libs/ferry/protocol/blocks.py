@@ -36,3 +36,14 @@ def hash_full_blocks(token_ids: Sequence[int], block_size: int, extra_keys: Sequ
         parent = hash_block(parent, token_ids[start : start + block_size], extra_keys)
         hashes.append(parent)
     return hashes
+
+
+PARTIAL_BLOCK_KEY = "partial"
+"""Extra hash key of a trailing partial block: its hash never equals a full block's."""
+
+
+def hash_partial_block(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
+    """Hash of a block that holds only `token_ids` (fewer than a block's tokens) after `parent`: the
+    key of a sequence's trailing partial block, in the engine's prefix cache, its host tier and the
+    store. A later prompt that extends exactly these tokens finds it by trying each length."""
+    return hash_block(parent, token_ids, [PARTIAL_BLOCK_KEY])

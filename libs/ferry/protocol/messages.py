@@ -403,6 +403,9 @@ class KvWarm:
     worker_id: str = ""
     """The worker that served the turn and holds the chain in its pool: decode-balancers route the next
     turn there (session affinity), other things equal."""
+    partial_hash: bytes | None = None
+    """The name of the turn's partial last block (`hash_partial_block`), written to the store with the
+    chain: the next turn extends its tokens, so it is prefetched with the chain."""
 
     def __post_init__(self) -> None:
         _require(bool(self.block_hashes), "block_hashes", self.block_hashes, "must not be empty")
