@@ -5,8 +5,8 @@ Three loops run on the asyncio thread while the engine computes on its own threa
 (here: step, publish, repeat while there is work; the decode worker queues the next step before
 publishing), the pull loop (`pulling.py`: fetch as many queued messages as there is room for:
 variable-size batches) and the report loop (`reports.py`). Every pulled message, of either role,
-enters through `accept` and joins the engine through `admit`: fetch what KV there is (the role says
-where from), then `joining.join`. The roles decide what a step's outputs lead to (prefill: a
+enters through `accept` and joins the engine through `admit` (`admission.py`): fetch what KV there
+is (the role says where from), then `joining.join`. The roles decide what a step's outputs lead to (prefill: a
 hand-off; decode: nothing more) and what happens at shutdown to the work that could not finish
 within the grace period (prefill: back to the gateway; decode: handed on to another decode worker).
 """
@@ -23,14 +23,14 @@ from typing import Any
 from nats.aio.client import Client
 
 from ferry import metrics
-from ferry.bus import Service, WorkConsumer, WorkItem, raise_if_cancelled, trace
+from ferry.bus import Service, WorkConsumer, raise_if_cancelled, trace
 from ferry.protocol import Cancel, ErrorEvent, GenerateRequest, OutputBatch, TrafficForecast, encode, subjects
+from ferry_services.worker.admission import Admission
 from ferry_services.worker.compute import ComputeThread
 from ferry_services.worker.events import batch_by_gateway
 from ferry_services.worker.group import group_metadata, is_group
 from ferry_services.worker.handoff import HandoffSender
-from ferry_services.worker.joining import FetchedKV, Joined, join
-from ferry_services.worker.ledger import Admit, Effects, Held, RequestLedger, engine_id
+from ferry_services.worker.ledger import Effects, Held, RequestLedger, engine_id
 from ferry_services.worker.pulling import Pulling, open_work_consumer
 from ferry_services.worker.reports import Reporting, describe_engine
 from ferry_services.worker.settings import WorkerSettings
@@ -41,17 +41,11 @@ from ferry_services.worker.writeback import WriteBehind
 
 log = logging.getLogger(__name__)
 
-RETRY_ADMIT_S = 0.5
-"""A message refused for want of room now goes back to the queue for this long."""
 HALT_TIMEOUT_S = 5.0
 """Most time shutdown waits for the step in flight (and the publishing of its tokens) to end."""
 
 
-class _Fetch:
-    """`Worker.admit`'s default: fetch the KV there."""
-
-
-class Worker(Pulling, Reporting, abc.ABC):
+class Worker(Admission, Pulling, Reporting, abc.ABC):
     role = ""
     work_type: type = object
     pipelined = False
@@ -246,90 +240,6 @@ class Worker(Pulling, Reporting, abc.ABC):
         error = ErrorEvent(request.request_id, code, message, retryable, attempt=request.attempt)
         await self.nc.publish(subjects.out(request.gateway_id), encode(OutputBatch(self.worker_id, errors=[error])))
 
-    # ---- pulled work: one way in -------------------------------------------------------------
-    async def accept(self, items: list[WorkItem]) -> None:
-        """Every pulled message enters here, a fetched batch at a time: the ledger decides each in
-        pull order, then the new ones are admitted. In-order roles (prefill) fetch their KV one by one,
-        then queue every addition on the engine thread before the next step can be queued: a burst's
-        prompts are prefilled together, in steps of up to max_batch_tokens, not one step per prompt."""
-        works = [item.msg for item in items if await self._is_new(item)]
-        if not self.admits_in_pull_order:
-            for work in works:
-                self.spawn(self.admit(work))
-            return
-        kvs = [await self.fetch_kv(work) for work in works]
-        # gather starts the admissions in order; each queues its addition before it first waits
-        await asyncio.gather(*(self.admit(work, kv) for work, kv in zip(works, kvs)))
-
-    async def _is_new(self, item: WorkItem) -> bool:
-        request = item.msg.request
-        trace.hop(request.request_id, f"{self.role[0]}w.pulled")
-        self.slo.on_pulled(request)
-        admission = self.ledger.pulled(request, item)
-        await self.apply(admission.effects)
-        return admission.decision is Admit.NEW
-
-    async def admit(self, work: Any, kv: FetchedKV | type[_Fetch] | None = _Fetch) -> None:
-        """Fetch what KV there is unless given (the running batch keeps stepping meanwhile), then join the engine."""
-        request: GenerateRequest = work.request
-        if kv is _Fetch:
-            kv = await self.fetch_kv(work)
-        try:
-            joined = await self.add_to_engine(request, join, self.engine, request, kv, self.kv_is_optional)
-        except ValueError as exc:  # does not fit this engine: the client's fault, not retryable
-            self.ledger.added(request, joined=False, ack=False)
-            if self.ledger.is_current(request):
-                await self.publish_error(request, "bad_request", str(exc), retryable=False)
-            await self.apply(self.ledger.done(request))
-            return
-        if joined is None:
-            return  # cancelled, replaced or given back before it was added
-        if joined is Joined.NO_ROOM:  # the balancer's view was stale: back to the queue for a while
-            self.ledger.added(request, joined=False, ack=False)
-            await self.apply(self.ledger.give_back(request, RETRY_ADMIT_S))
-            return
-        await self.apply(self.ledger.added(request, joined=True, ack=self.acks_on_join))
-        self.count_join(request, joined, kv)
-        self.has_work.set()
-
-    @abc.abstractmethod
-    async def fetch_kv(self, work: Any) -> FetchedKV | None:
-        """KV for the leading tokens of `work`'s request, from the store; None to compute them."""
-
-    def count_join(self, request: GenerateRequest, joined: Joined, kv: FetchedKV | None) -> None:
-        """The role's counters of how sequences joined."""
-
-    async def add_to_engine(self, request: GenerateRequest, fn, *args) -> Any:
-        """Run an engine addition (`joining.join`) with the next step queued right behind it on the engine
-        thread, instead of after a trip back to this loop: one thread hop less before a new request's
-        first token. None, without adding, when `request` is no longer held. Raises what `fn` raises."""
-        if not self.ledger.adding(request):
-            return None
-        self.num_adding += 1
-        added = self.compute.submit(fn, *args)
-        self.has_work.set()
-        try:
-            return await added
-        finally:
-            self.num_adding -= 1
-
-    async def apply(self, effects: Effects) -> None:
-        """Carry out what the ledger decided. Aborts are queued on the engine thread at once (before
-        this coroutine first yields), so they run behind every addition already queued."""
-        if not effects:
-            return
-        aborted = self.compute.submit(self._abort, effects.abort) if effects.abort else None
-        for handle in effects.ack:
-            await _settle(handle.ack())
-        for handle, delay_s in effects.nak:
-            await _settle(handle.nak(delay_s))
-        if aborted is not None:
-            await aborted
-
-    def _abort(self, sequence_ids: list[str]) -> None:
-        for sequence_id in sequence_ids:
-            self.engine.abort_request(sequence_id)
-
     def spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
         self.tasks.add(task)
@@ -349,11 +259,3 @@ class Worker(Pulling, Reporting, abc.ABC):
                 log.info("cancelled %s (%s)", request_id, cancel.reason)
         await self.apply(effects)
         self.has_room.set()
-
-
-async def _settle(call) -> None:
-    """Ack or nak one message; a failure (connection closing) is safe: JetStream redelivers it."""
-    try:
-        await call
-    except Exception:
-        log.warning("could not settle a work message", exc_info=True)
