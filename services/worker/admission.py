@@ -19,6 +19,7 @@ from ferry_services.worker.compute import ComputeThread
 from ferry_services.worker.joining import FetchedKV, Joined, join
 from ferry_services.worker.ledger import Admit, Effects, RequestLedger
 from ferry_services.worker.slo import WorkerSlo
+from ferry_services.worker.window import AdmissionWindow
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ class Admission(abc.ABC):
     slo: WorkerSlo
     num_adding: int
     has_work: asyncio.Event
+    window: AdmissionWindow
+    arrivals: asyncio.Event
     spawn: Callable[[Coroutine[Any, Any, Any]], None]
     publish_error: Callable[[GenerateRequest, str, str, bool], Awaitable[None]]
 
@@ -52,17 +55,23 @@ class Admission(abc.ABC):
         then queue every addition on the engine thread before the next step can be queued: a burst's
         prompts are prefilled together, in steps of up to max_batch_tokens, not one step per prompt."""
         works = [item.msg for item in items if await self._is_new(item)]
+        self.window.pulled([work.request.request_id for work in works], items[-1].num_pending if items else 0)
+        self.arrivals.set()
         if not self.admits_in_pull_order:
             for work in works:
                 self.spawn(self.admit(work))
             return
-        kvs = [await self.fetch_kv(work) for work in works]
-        # gather starts the admissions in order; each queues its addition before it first waits
-        await asyncio.gather(*(self.admit(work, kv) for work, kv in zip(works, kvs)))
+        try:
+            kvs = [await self.fetch_kv(work) for work in works]
+            # gather starts the admissions in order; each queues its addition before it first waits
+            await asyncio.gather(*(self.admit(work, kv) for work, kv in zip(works, kvs)))
+        finally:  # none is left counted as on its way (window.py), whatever happened to it
+            for work in works:
+                self._no_longer_arriving(work.request)
 
     async def _is_new(self, item: WorkItem) -> bool:
         request = item.msg.request
-        trace.hop(request.request_id, f"{self.role[0]}w.pulled")
+        trace.hop(request.request_id, f"{self.role[0]}w.pulled", pending=item.num_pending)
         self.slo.on_pulled(request)
         admission = self.ledger.pulled(request, item)
         await self.apply(admission.effects)
@@ -70,6 +79,12 @@ class Admission(abc.ABC):
 
     async def admit(self, work: Any, kv: FetchedKV | type[_Fetch] | None = _Fetch) -> None:
         """Fetch what KV there is unless given (the running batch keeps stepping meanwhile), then join the engine."""
+        try:
+            await self._admit(work, kv)
+        finally:
+            self._no_longer_arriving(work.request)
+
+    async def _admit(self, work: Any, kv: FetchedKV | type[_Fetch] | None) -> None:
         request: GenerateRequest = work.request
         if kv is _Fetch:
             kv = await self.fetch_kv(work)
@@ -106,11 +121,18 @@ class Admission(abc.ABC):
             return None
         self.num_adding += 1
         added = self.compute.submit(fn, *args)
+        self._no_longer_arriving(request)  # a step queued from now on runs behind the addition
         self.has_work.set()
         try:
             return await added
         finally:
             self.num_adding -= 1
+
+    def _no_longer_arriving(self, request: GenerateRequest) -> None:
+        """Its addition is queued on the engine thread, or it will not be added: the admission window
+        (window.py) waits for it no more. Wakes the engine loop if it holds a step."""
+        self.window.queued(request.request_id)
+        self.arrivals.set()
 
     async def apply(self, effects: Effects) -> None:
         """Carry out what the ledger decided. Aborts are queued on the engine thread at once (before

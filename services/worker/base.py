@@ -37,6 +37,7 @@ from ferry_services.worker.settings import WorkerSettings
 from ferry_services.worker.slo import WorkerSlo
 from ferry_services.worker.stats import WorkStats
 from ferry_services.worker.streaming import TokenStream
+from ferry_services.worker.window import AdmissionWindow
 from ferry_services.worker.writeback import WriteBehind
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,10 @@ class Worker(Admission, Pulling, Reporting, abc.ABC):
         self.stream = TokenStream(nc, self.worker_id, settings.stream_interval_ms / 1000)
         """Token events out, held back per stream for FERRY_STREAM_INTERVAL_MS (coalesce.py)."""
         self.has_work = asyncio.Event()
+        self.window = AdmissionWindow(settings.admission_window_ms / 1000 if self.admits_in_pull_order else 0.0)
+        """Prompts on their way to the engine, for the step that would start without them (window.py)."""
+        self.arrivals = asyncio.Event()
+        """Set when work is pulled or its addition queued: a held step looks again."""
         self.has_room = asyncio.Event()
         self.num_adding = 0
         """Engine additions queued on the engine thread and not finished: work for the engine loop."""
@@ -184,6 +189,7 @@ class Worker(Admission, Pulling, Reporting, abc.ABC):
                     self.has_work.clear()
                     await self.has_work.wait()
                     continue
+                await self.hold_for_arrivals()
                 queued = self.compute.submit(self.step)
             start = time.perf_counter()
             outputs = await queued
@@ -191,14 +197,36 @@ class Worker(Admission, Pulling, Reporting, abc.ABC):
             log.debug("step: %d outputs, waited %.1f ms for them", len(outputs), (time.perf_counter() - start) * 1000)
             if outputs and self.pipelined and not self.is_halted and self.engine.has_unfinished_requests():
                 # the next step computes while this one's tokens are published: the engine thread
-                # never waits for this loop (thread hops, encoding, other tasks) between two steps
-                queued = self.compute.submit(self.step)
+                # never waits for this loop (thread hops, encoding, other tasks) between two steps;
+                # unless prompts are on their way (window.py): then it is queued once they have joined
+                if not self.should_hold(0.0):
+                    queued = self.compute.submit(self.step)
             if outputs:  # sequences that produced a token this step (chunked prefills excluded)
                 metrics.BATCH_SIZE.labels(self.role).observe(len(outputs))
             await self.after_step(outputs)
             self.has_room.set()
             if not outputs:  # e.g. everything waits for blocks: do not spin on the engine thread
                 await asyncio.sleep(0.001)
+
+    async def hold_for_arrivals(self) -> None:
+        """The admission window (window.py): while the next step would not fill its token budget and
+        prompts are on their way to the engine, wait for them (at most FERRY_ADMISSION_WINDOW_MS)."""
+        started = time.perf_counter()
+        while self.should_hold(held_s := time.perf_counter() - started):
+            self.arrivals.clear()
+            try:
+                await asyncio.wait_for(self.arrivals.wait(), self.window.window_s - held_s)
+            except asyncio.TimeoutError:
+                pass
+
+    def should_hold(self, held_s: float) -> bool:
+        if self.window.window_s <= 0 or self.is_halted:
+            return False
+        can_pull = not self.ledger.draining and self.pull_budget() > 0
+        stats = self.compute.stats
+        return self.window.should_hold(
+            held_s, can_pull, stats.num_queued_prefill_tokens, self.settings.max_batch_tokens
+        )
 
     async def halt_engine(self) -> None:
         """Stop stepping once the step in flight has ended and its tokens are published: from then
