@@ -240,18 +240,23 @@ class Worker(Admission, Pulling, Reporting, abc.ABC):
         await self.stream.flush()  # every token the engine produced is with the gateway
 
     def step(self) -> Any:
-        """Runs on the engine thread."""
+        """Runs on the engine thread; with FERRY_TRACE_FILE, its start and end (and what it ran) in the trace."""
+        if not trace.enabled():
+            return self._run_step()
         trace.hop("*", f"{self.role[0]}w.step_start")
         before = getattr(self.engine, "last_step", None)
+        outputs = self._run_step()
+        record = getattr(self.engine, "last_step", None)
+        sizes = {}
+        if record is not None and record is not before:  # an empty step leaves the last record in place
+            sizes = {"seqs": record.num_seqs, "prefill_tokens": record.num_prefill_tokens}
+        trace.hop("*", f"{self.role[0]}w.step_end", outputs=len(outputs), **sizes)
+        return outputs
+
+    def _run_step(self) -> Any:
         self.slo.before_step(self.engine)
         outputs = self.engine.step()
         self.slo.after_step(self.engine)
-        if trace.enabled():  # what the step ran (an empty step leaves the last record in place)
-            record = getattr(self.engine, "last_step", None)
-            sizes = {}
-            if record is not None and record is not before:
-                sizes = {"seqs": record.num_seqs, "prefill_tokens": record.num_prefill_tokens}
-            trace.hop("*", f"{self.role[0]}w.step_end", outputs=len(outputs), **sizes)
         return outputs
 
     async def after_step(self, outputs: Any) -> None:
