@@ -5,8 +5,8 @@ Three loops run on the asyncio thread while the engine computes on its own threa
 (here: step, publish, repeat while there is work; the decode worker queues the next step before
 publishing), the pull loop (`pulling.py`: fetch as many queued messages as there is room for:
 variable-size batches) and the report loop (`reports.py`). Every pulled message, of either role,
-enters through `accept` and joins the engine through `admit`: fetch what KV there is (the role says
-where from), then `joining.join`. The roles decide what a step's outputs lead to (prefill: a
+enters through `accept` and joins the engine through `admit` (`admission.py`): fetch what KV there
+is (the role says where from), then `joining.join`. The roles decide what a step's outputs lead to (prefill: a
 hand-off; decode: nothing more) and what happens at shutdown to the work that could not finish
 within the grace period (prefill: back to the gateway; decode: handed on to another decode worker).
 """
@@ -23,35 +23,30 @@ from typing import Any
 from nats.aio.client import Client
 
 from ferry import metrics
-from ferry.bus import Service, WorkConsumer, WorkItem, raise_if_cancelled, trace
+from ferry.bus import Service, WorkConsumer, raise_if_cancelled, trace
 from ferry.protocol import Cancel, ErrorEvent, GenerateRequest, OutputBatch, TrafficForecast, encode, subjects
+from ferry_services.worker.admission import Admission
 from ferry_services.worker.compute import ComputeThread
 from ferry_services.worker.events import batch_by_gateway
 from ferry_services.worker.group import group_metadata, is_group
 from ferry_services.worker.handoff import HandoffSender
-from ferry_services.worker.joining import FetchedKV, Joined, join
-from ferry_services.worker.ledger import Admit, Effects, Held, RequestLedger, engine_id
+from ferry_services.worker.ledger import Effects, Held, RequestLedger, engine_id
 from ferry_services.worker.pulling import Pulling, open_work_consumer
 from ferry_services.worker.reports import Reporting, describe_engine
 from ferry_services.worker.settings import WorkerSettings
 from ferry_services.worker.slo import WorkerSlo
 from ferry_services.worker.stats import WorkStats
 from ferry_services.worker.streaming import TokenStream
+from ferry_services.worker.window import AdmissionWindow
 from ferry_services.worker.writeback import WriteBehind
 
 log = logging.getLogger(__name__)
 
-RETRY_ADMIT_S = 0.5
-"""A message refused for want of room now goes back to the queue for this long."""
 HALT_TIMEOUT_S = 5.0
 """Most time shutdown waits for the step in flight (and the publishing of its tokens) to end."""
 
 
-class _Fetch:
-    """`Worker.admit`'s default: fetch the KV there."""
-
-
-class Worker(Pulling, Reporting, abc.ABC):
+class Worker(Admission, Pulling, Reporting, abc.ABC):
     role = ""
     work_type: type = object
     pipelined = False
@@ -90,6 +85,10 @@ class Worker(Pulling, Reporting, abc.ABC):
         self.stream = TokenStream(nc, self.worker_id, settings.stream_interval_ms / 1000)
         """Token events out, held back per stream for FERRY_STREAM_INTERVAL_MS (coalesce.py)."""
         self.has_work = asyncio.Event()
+        self.window = AdmissionWindow(settings.admission_window_ms / 1000 if self.admits_in_pull_order else 0.0)
+        """Prompts on their way to the engine, for the step that would start without them (window.py)."""
+        self.arrivals = asyncio.Event()
+        """Set when work is pulled or its addition queued: a held step looks again."""
         self.has_room = asyncio.Event()
         self.num_adding = 0
         """Engine additions queued on the engine thread and not finished: work for the engine loop."""
@@ -190,6 +189,7 @@ class Worker(Pulling, Reporting, abc.ABC):
                     self.has_work.clear()
                     await self.has_work.wait()
                     continue
+                await self.hold_for_arrivals()
                 queued = self.compute.submit(self.step)
             start = time.perf_counter()
             outputs = await queued
@@ -197,14 +197,36 @@ class Worker(Pulling, Reporting, abc.ABC):
             log.debug("step: %d outputs, waited %.1f ms for them", len(outputs), (time.perf_counter() - start) * 1000)
             if outputs and self.pipelined and not self.is_halted and self.engine.has_unfinished_requests():
                 # the next step computes while this one's tokens are published: the engine thread
-                # never waits for this loop (thread hops, encoding, other tasks) between two steps
-                queued = self.compute.submit(self.step)
+                # never waits for this loop (thread hops, encoding, other tasks) between two steps;
+                # unless prompts are on their way (window.py): then it is queued once they have joined
+                if not self.should_hold(0.0):
+                    queued = self.compute.submit(self.step)
             if outputs:  # sequences that produced a token this step (chunked prefills excluded)
                 metrics.BATCH_SIZE.labels(self.role).observe(len(outputs))
             await self.after_step(outputs)
             self.has_room.set()
             if not outputs:  # e.g. everything waits for blocks: do not spin on the engine thread
                 await asyncio.sleep(0.001)
+
+    async def hold_for_arrivals(self) -> None:
+        """The admission window (window.py): while the next step would not fill its token budget and
+        prompts are on their way to the engine, wait for them (at most FERRY_ADMISSION_WINDOW_MS)."""
+        started = time.perf_counter()
+        while self.should_hold(held_s := time.perf_counter() - started):
+            self.arrivals.clear()
+            try:
+                await asyncio.wait_for(self.arrivals.wait(), self.window.window_s - held_s)
+            except asyncio.TimeoutError:
+                pass
+
+    def should_hold(self, held_s: float) -> bool:
+        if self.window.window_s <= 0 or self.is_halted:
+            return False
+        can_pull = not self.ledger.draining and self.pull_budget() > 0
+        stats = self.compute.stats
+        return self.window.should_hold(
+            held_s, can_pull, stats.num_queued_prefill_tokens, self.settings.max_batch_tokens
+        )
 
     async def halt_engine(self) -> None:
         """Stop stepping once the step in flight has ended and its tokens are published: from then
@@ -218,18 +240,23 @@ class Worker(Pulling, Reporting, abc.ABC):
         await self.stream.flush()  # every token the engine produced is with the gateway
 
     def step(self) -> Any:
-        """Runs on the engine thread."""
+        """Runs on the engine thread; with FERRY_TRACE_FILE, its start and end (and what it ran) in the trace."""
+        if not trace.enabled():
+            return self._run_step()
         trace.hop("*", f"{self.role[0]}w.step_start")
         before = getattr(self.engine, "last_step", None)
+        outputs = self._run_step()
+        record = getattr(self.engine, "last_step", None)
+        sizes = {}
+        if record is not None and record is not before:  # an empty step leaves the last record in place
+            sizes = {"seqs": record.num_seqs, "prefill_tokens": record.num_prefill_tokens}
+        trace.hop("*", f"{self.role[0]}w.step_end", outputs=len(outputs), **sizes)
+        return outputs
+
+    def _run_step(self) -> Any:
         self.slo.before_step(self.engine)
         outputs = self.engine.step()
         self.slo.after_step(self.engine)
-        if trace.enabled():  # what the step ran (an empty step leaves the last record in place)
-            record = getattr(self.engine, "last_step", None)
-            sizes = {}
-            if record is not None and record is not before:
-                sizes = {"seqs": record.num_seqs, "prefill_tokens": record.num_prefill_tokens}
-            trace.hop("*", f"{self.role[0]}w.step_end", outputs=len(outputs), **sizes)
         return outputs
 
     async def after_step(self, outputs: Any) -> None:
@@ -245,90 +272,6 @@ class Worker(Pulling, Reporting, abc.ABC):
         await self.stream.flush(request.request_id)  # its tokens held back go first
         error = ErrorEvent(request.request_id, code, message, retryable, attempt=request.attempt)
         await self.nc.publish(subjects.out(request.gateway_id), encode(OutputBatch(self.worker_id, errors=[error])))
-
-    # ---- pulled work: one way in -------------------------------------------------------------
-    async def accept(self, items: list[WorkItem]) -> None:
-        """Every pulled message enters here, a fetched batch at a time: the ledger decides each in
-        pull order, then the new ones are admitted. In-order roles (prefill) fetch their KV one by one,
-        then queue every addition on the engine thread before the next step can be queued: a burst's
-        prompts are prefilled together, in steps of up to max_batch_tokens, not one step per prompt."""
-        works = [item.msg for item in items if await self._is_new(item)]
-        if not self.admits_in_pull_order:
-            for work in works:
-                self.spawn(self.admit(work))
-            return
-        kvs = [await self.fetch_kv(work) for work in works]
-        # gather starts the admissions in order; each queues its addition before it first waits
-        await asyncio.gather(*(self.admit(work, kv) for work, kv in zip(works, kvs)))
-
-    async def _is_new(self, item: WorkItem) -> bool:
-        request = item.msg.request
-        trace.hop(request.request_id, f"{self.role[0]}w.pulled")
-        self.slo.on_pulled(request)
-        admission = self.ledger.pulled(request, item)
-        await self.apply(admission.effects)
-        return admission.decision is Admit.NEW
-
-    async def admit(self, work: Any, kv: FetchedKV | type[_Fetch] | None = _Fetch) -> None:
-        """Fetch what KV there is unless given (the running batch keeps stepping meanwhile), then join the engine."""
-        request: GenerateRequest = work.request
-        if kv is _Fetch:
-            kv = await self.fetch_kv(work)
-        try:
-            joined = await self.add_to_engine(request, join, self.engine, request, kv, self.kv_is_optional)
-        except ValueError as exc:  # does not fit this engine: the client's fault, not retryable
-            self.ledger.added(request, joined=False, ack=False)
-            if self.ledger.is_current(request):
-                await self.publish_error(request, "bad_request", str(exc), retryable=False)
-            await self.apply(self.ledger.done(request))
-            return
-        if joined is None:
-            return  # cancelled, replaced or given back before it was added
-        if joined is Joined.NO_ROOM:  # the balancer's view was stale: back to the queue for a while
-            self.ledger.added(request, joined=False, ack=False)
-            await self.apply(self.ledger.give_back(request, RETRY_ADMIT_S))
-            return
-        await self.apply(self.ledger.added(request, joined=True, ack=self.acks_on_join))
-        self.count_join(request, joined, kv)
-        self.has_work.set()
-
-    @abc.abstractmethod
-    async def fetch_kv(self, work: Any) -> FetchedKV | None:
-        """KV for the leading tokens of `work`'s request, from the store; None to compute them."""
-
-    def count_join(self, request: GenerateRequest, joined: Joined, kv: FetchedKV | None) -> None:
-        """The role's counters of how sequences joined."""
-
-    async def add_to_engine(self, request: GenerateRequest, fn, *args) -> Any:
-        """Run an engine addition (`joining.join`) with the next step queued right behind it on the engine
-        thread, instead of after a trip back to this loop: one thread hop less before a new request's
-        first token. None, without adding, when `request` is no longer held. Raises what `fn` raises."""
-        if not self.ledger.adding(request):
-            return None
-        self.num_adding += 1
-        added = self.compute.submit(fn, *args)
-        self.has_work.set()
-        try:
-            return await added
-        finally:
-            self.num_adding -= 1
-
-    async def apply(self, effects: Effects) -> None:
-        """Carry out what the ledger decided. Aborts are queued on the engine thread at once (before
-        this coroutine first yields), so they run behind every addition already queued."""
-        if not effects:
-            return
-        aborted = self.compute.submit(self._abort, effects.abort) if effects.abort else None
-        for handle in effects.ack:
-            await _settle(handle.ack())
-        for handle, delay_s in effects.nak:
-            await _settle(handle.nak(delay_s))
-        if aborted is not None:
-            await aborted
-
-    def _abort(self, sequence_ids: list[str]) -> None:
-        for sequence_id in sequence_ids:
-            self.engine.abort_request(sequence_id)
 
     def spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -349,11 +292,3 @@ class Worker(Pulling, Reporting, abc.ABC):
                 log.info("cancelled %s (%s)", request_id, cancel.reason)
         await self.apply(effects)
         self.has_room.set()
-
-
-async def _settle(call) -> None:
-    """Ack or nak one message; a failure (connection closing) is safe: JetStream redelivers it."""
-    try:
-        await call
-    except Exception:
-        log.warning("could not settle a work message", exc_info=True)

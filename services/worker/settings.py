@@ -59,6 +59,13 @@ class WorkerSettings(ServiceSettings):
         "the last token go at once): fewer messages, SSE events and client reads per token; 0 = every step",
     )
     max_batch_tokens: int = Field(default=2048, ge=1, description="token budget of one engine step")
+    admission_window_ms: float = Field(
+        default=20.0,
+        ge=0,
+        description="prefill and both roles: a step that would not fill max_batch_tokens waits up to this long "
+        "for prompts known to be on their way (pulled, or queued in JetStream behind the last one pulled), so a "
+        "burst's prompts are prefilled together; a lone request never waits; 0 = off",
+    )
     max_num_seqs: int | None = Field(
         default=None,
         ge=1,

@@ -85,7 +85,7 @@ class CountedItem(WorkItem):
 
     @classmethod
     def of(cls, item: WorkItem, counter: EndpointStats) -> CountedItem:
-        counted = cls(msg=item.msg, raw=item.raw, num_delivered=item.num_delivered)
+        counted = cls(msg=item.msg, raw=item.raw, num_delivered=item.num_delivered, num_pending=item.num_pending)
         counted._counter, counted._pulled_ns = counter, time.perf_counter_ns()
         return counted
 

@@ -66,6 +66,7 @@ async def test_num_pending_counts_queued_work_not_yet_pulled(js):
         await queue(js, "w-backlog", 5)
         assert await consumer.num_pending() == 5
         pulled = await consumer.fetch(2, Cancel)
+        assert [item.num_pending for item in pulled] == [4, 3]  # each message says what is queued behind it
         assert await consumer.num_pending() == 3  # pulled but not yet acked is no longer pending
         for item in pulled:
             await item.ack()

@@ -139,6 +139,8 @@ class WorkItem(Generic[M]):
     raw: Msg
     num_delivered: int
     """1 on the first delivery; more means an earlier holder did not ack in time."""
+    num_pending: int = 0
+    """Messages queued for this consumer behind this one when it was delivered (JetStream's count)."""
 
     async def ack(self) -> None:
         await self.raw.ack()
@@ -191,7 +193,8 @@ class WorkConsumer:
             log.warning("%s: dropping bad work message on %s: %s", self.name, raw.subject, exc)
             await raw.term()
             return None
-        return WorkItem(msg=msg, raw=raw, num_delivered=raw.metadata.num_delivered)
+        meta = raw.metadata
+        return WorkItem(msg=msg, raw=raw, num_delivered=meta.num_delivered, num_pending=meta.num_pending)
 
     async def num_pending(self, timeout_s: float = 0.5) -> int:
         """Messages queued for this consumer and not delivered yet (JetStream's count; one API request)."""

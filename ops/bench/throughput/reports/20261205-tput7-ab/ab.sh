@@ -1,0 +1,7 @@
+#!/bin/bash
+cd /work/wt/tput && . /work/tools/env.sh
+R=ops/bench/throughput/reports/20261205-tput7-ab; M=/tmp/tput/bench-llama
+python ops/bench/throughput/ab.py --model $M --rounds 2 --bursts 1 --engine --flops \
+  --variant 'w0=FERRY_ADMISSION_WINDOW_MS=0' --variant 'w20=' --json $R/window-burst48.json 2>&1 | tail -6
+python ops/bench/throughput/ab.py --model $M --rounds 1 --bursts 2 --rate 8 \
+  --variant 'w0=FERRY_ADMISSION_WINDOW_MS=0' --variant 'w20=' --json $R/window-poisson8.json 2>&1 | tail -5

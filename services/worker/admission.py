@@ -1,0 +1,160 @@
+"""How pulled work joins the engine: every message a worker pulls, of either role, enters through
+`accept` (the ledger decides it: new, a duplicate, a replaced attempt), is admitted (`admit`: fetch
+what KV there is, the role says where from, then `joining.join` on the engine thread) and what the
+ledger decided is carried out (`apply`: aborts on the engine thread, acks and naks on JetStream).
+Part of `Worker` (base.py).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from ferry.bus import WorkItem, trace
+from ferry.protocol import GenerateRequest
+from ferry_services.worker.compute import ComputeThread
+from ferry_services.worker.joining import FetchedKV, Joined, join
+from ferry_services.worker.ledger import Admit, Effects, RequestLedger
+from ferry_services.worker.slo import WorkerSlo
+from ferry_services.worker.window import AdmissionWindow
+
+log = logging.getLogger(__name__)
+
+RETRY_ADMIT_S = 0.5
+"""A message refused for want of room now goes back to the queue for this long."""
+
+
+class _Fetch:
+    """`Admission.admit`'s default: fetch the KV there."""
+
+
+class Admission(abc.ABC):
+    """Mixed into `Worker`, which provides these:"""
+
+    role: str
+    admits_in_pull_order: bool
+    kv_is_optional: bool
+    acks_on_join: bool
+    engine: Any
+    compute: ComputeThread
+    ledger: RequestLedger
+    slo: WorkerSlo
+    num_adding: int
+    has_work: asyncio.Event
+    window: AdmissionWindow
+    arrivals: asyncio.Event
+    spawn: Callable[[Coroutine[Any, Any, Any]], None]
+    publish_error: Callable[[GenerateRequest, str, str, bool], Awaitable[None]]
+
+    async def accept(self, items: list[WorkItem]) -> None:
+        """Every pulled message enters here, a fetched batch at a time: the ledger decides each in
+        pull order, then the new ones are admitted. In-order roles (prefill) fetch their KV one by one,
+        then queue every addition on the engine thread before the next step can be queued: a burst's
+        prompts are prefilled together, in steps of up to max_batch_tokens, not one step per prompt."""
+        works = [item.msg for item in items if await self._is_new(item)]
+        self.window.pulled([work.request.request_id for work in works], items[-1].num_pending if items else 0)
+        self.arrivals.set()
+        if not self.admits_in_pull_order:
+            for work in works:
+                self.spawn(self.admit(work))
+            return
+        try:
+            kvs = [await self.fetch_kv(work) for work in works]
+            # gather starts the admissions in order; each queues its addition before it first waits
+            await asyncio.gather(*(self.admit(work, kv) for work, kv in zip(works, kvs)))
+        finally:  # none is left counted as on its way (window.py), whatever happened to it
+            for work in works:
+                self._no_longer_arriving(work.request)
+
+    async def _is_new(self, item: WorkItem) -> bool:
+        request = item.msg.request
+        trace.hop(request.request_id, f"{self.role[0]}w.pulled", pending=item.num_pending)
+        self.slo.on_pulled(request)
+        admission = self.ledger.pulled(request, item)
+        await self.apply(admission.effects)
+        return admission.decision is Admit.NEW
+
+    async def admit(self, work: Any, kv: FetchedKV | type[_Fetch] | None = _Fetch) -> None:
+        """Fetch what KV there is unless given (the running batch keeps stepping meanwhile), then join the engine."""
+        try:
+            await self._admit(work, kv)
+        finally:
+            self._no_longer_arriving(work.request)
+
+    async def _admit(self, work: Any, kv: FetchedKV | type[_Fetch] | None) -> None:
+        request: GenerateRequest = work.request
+        if kv is _Fetch:
+            kv = await self.fetch_kv(work)
+        try:
+            joined = await self.add_to_engine(request, join, self.engine, request, kv, self.kv_is_optional)
+        except ValueError as exc:  # does not fit this engine: the client's fault, not retryable
+            self.ledger.added(request, joined=False, ack=False)
+            if self.ledger.is_current(request):
+                await self.publish_error(request, "bad_request", str(exc), False)
+            await self.apply(self.ledger.done(request))
+            return
+        if joined is None:
+            return  # cancelled, replaced or given back before it was added
+        if joined is Joined.NO_ROOM:  # the balancer's view was stale: back to the queue for a while
+            self.ledger.added(request, joined=False, ack=False)
+            await self.apply(self.ledger.give_back(request, RETRY_ADMIT_S))
+            return
+        await self.apply(self.ledger.added(request, joined=True, ack=self.acks_on_join))
+        self.count_join(request, joined, kv)
+        self.has_work.set()
+
+    @abc.abstractmethod
+    async def fetch_kv(self, work: Any) -> FetchedKV | None:
+        """KV for the leading tokens of `work`'s request, from the store; None to compute them."""
+
+    def count_join(self, request: GenerateRequest, joined: Joined, kv: FetchedKV | None) -> None:  # noqa: B027 (a hook)
+        """The role's counters of how sequences joined."""
+
+    async def add_to_engine(self, request: GenerateRequest, fn, *args) -> Any:
+        """Run an engine addition (`joining.join`) with the next step queued right behind it on the engine
+        thread, instead of after a trip back to this loop: one thread hop less before a new request's
+        first token. None, without adding, when `request` is no longer held. Raises what `fn` raises."""
+        if not self.ledger.adding(request):
+            return None
+        self.num_adding += 1
+        added = self.compute.submit(fn, *args)
+        self._no_longer_arriving(request)  # a step queued from now on runs behind the addition
+        self.has_work.set()
+        try:
+            return await added
+        finally:
+            self.num_adding -= 1
+
+    def _no_longer_arriving(self, request: GenerateRequest) -> None:
+        """Its addition is queued on the engine thread, or it will not be added: the admission window
+        (window.py) waits for it no more. Wakes the engine loop if it holds a step."""
+        self.window.queued(request.request_id)
+        self.arrivals.set()
+
+    async def apply(self, effects: Effects) -> None:
+        """Carry out what the ledger decided. Aborts are queued on the engine thread at once (before
+        this coroutine first yields), so they run behind every addition already queued."""
+        if not effects:
+            return
+        aborted = self.compute.submit(self._abort, effects.abort) if effects.abort else None
+        for handle in effects.ack:
+            await _settle(handle.ack())
+        for handle, delay_s in effects.nak:
+            await _settle(handle.nak(delay_s))
+        if aborted is not None:
+            await aborted
+
+    def _abort(self, sequence_ids: list[str]) -> None:
+        for sequence_id in sequence_ids:
+            self.engine.abort_request(sequence_id)
+
+
+async def _settle(call) -> None:
+    """Ack or nak one message; a failure (connection closing) is safe: JetStream redelivers it."""
+    try:
+        await call
+    except Exception:
+        log.warning("could not settle a work message", exc_info=True)

@@ -1,0 +1,53 @@
+"""AdmissionWindow (services/worker/window.py): the next step waits for prompts on their way (pulled and
+not yet queued on the engine thread, or queued in JetStream behind the last pull), never for a lone
+request, never past its budget of tokens or its window."""
+
+import pytest
+
+from ferry_services.worker.window import AdmissionWindow
+
+pytestmark = pytest.mark.unit
+
+BUDGET = 2048
+
+
+def test_a_lone_request_never_waits():
+    window = AdmissionWindow(0.02)
+    window.pulled(["a"], num_pending=0)
+    window.queued("a")
+    assert not window.should_hold(0.0, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET)
+
+
+def test_waits_while_a_pulled_prompt_is_not_on_the_engine_thread_yet():
+    window = AdmissionWindow(0.02)
+    window.pulled(["a", "b"], num_pending=0)
+    window.queued("a")
+    assert window.should_hold(0.0, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET)
+    window.queued("b")
+    assert not window.should_hold(0.001, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET)
+
+
+def test_waits_for_what_jetstream_holds_behind_the_last_pull_while_there_is_room_to_pull_it():
+    window = AdmissionWindow(0.02)
+    window.pulled(["a"], num_pending=5)
+    window.queued("a")
+    assert window.should_hold(0.0, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET)
+    assert not window.should_hold(0.0, can_pull=False, num_queued_tokens=100, budget_tokens=BUDGET)
+    window.pulled([], num_pending=0)  # the next fetch found nothing more
+    assert not window.should_hold(0.0, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET)
+
+
+def test_a_full_step_or_the_end_of_the_window_goes_at_once():
+    window = AdmissionWindow(0.02)
+    window.pulled(["a"], num_pending=30)
+    assert not window.should_hold(0.0, can_pull=True, num_queued_tokens=BUDGET, budget_tokens=BUDGET)
+    assert not window.should_hold(0.02, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET)
+    assert window.should_hold(0.019, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET)
+
+
+def test_off_at_zero_and_refuses_a_negative_window():
+    window = AdmissionWindow(0.0)
+    window.pulled(["a"], num_pending=30)
+    assert not window.should_hold(0.0, can_pull=True, num_queued_tokens=0, budget_tokens=BUDGET)
+    with pytest.raises(ValueError, match="window_s"):
+        AdmissionWindow(-1.0)
