@@ -43,8 +43,9 @@ def start_llamacpp(python: str, gguf: Path, run_dir: Path, threads: int) -> Serv
 
 
 def start_vllm(python: str, folder: Path, run_dir: Path, threads: int, kv_gib: int) -> ServerProcess:
-    """`vllm serve FOLDER` on CPU: the weights in the folder's dtype (float32: on a CPU without
-    AVX512-BF16 vLLM's bf16 path falls back to slow kernels), `kv_gib` GiB of KV cache, its OpenMP
+    """`vllm serve FOLDER` on CPU: the folder holds float32 weights, and vLLM picks its own dtype from
+    them, as a user's `vllm serve` does: float32 on an AVX2-only CPU, bfloat16 where the CPU has
+    AVX512-BF16/AMX (its log: "Downcasting torch.float32 to torch.bfloat16"), `kv_gib` GiB of KV cache, its OpenMP
     threads bound to `threads` cores with none reserved (vLLM reserves one by default: half of a
     2-core machine), offline. `--enforce-eager`: on this AVX2-only CPU the torch.compile'd model
     (vLLM 0.32 CPU's default) gave a different greedy answer to SmolLM2's "capital of France" chat prompt
