@@ -15,9 +15,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ferry.engine import partial_blocks
 from ferry.engine.partial_blocks import tail_keys
 from ferry.engine.sequence import Sequence
-from ferry.protocol import hash_block, hash_partial_block
+from ferry.protocol import hash_block
 
 
 @dataclass(slots=True)
@@ -250,9 +251,7 @@ class BlockManager:
         if not num_tokens or not self.enable_prefix_caching:
             return None
         self.extend_hashes(seq)
-        parent = seq.block_hashes[num_full - 1] if num_full else None
-        start = num_full * self.block_size
-        return hash_partial_block(parent, seq.token_ids[start : start + num_tokens])
+        return partial_blocks.partial_key(seq.token_ids, seq.block_hashes, num_full, num_tokens, self.block_size)
 
     def _name_partial(self, seq: Sequence) -> None:
         """Name `seq`'s computed partial last block as a cached one, when `seq` alone holds it."""

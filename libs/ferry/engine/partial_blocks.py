@@ -19,14 +19,22 @@ from collections.abc import Iterator, Sequence
 from ferry.protocol import hash_partial_block
 
 
+def partial_key(
+    token_ids: Sequence[int], block_hashes: Sequence[bytes], num_full: int, num_tokens: int, block_size: int
+) -> bytes:
+    """The name of a partial block holding the `num_tokens` tokens of `token_ids` after its first
+    `num_full` full blocks (whose chained hashes `block_hashes` holds at least)."""
+    parent = block_hashes[num_full - 1] if num_full else None
+    start = num_full * block_size
+    return hash_partial_block(parent, token_ids[start : start + num_tokens])
+
+
 def tail_keys(
     token_ids: Sequence[int], block_hashes: Sequence[bytes], num_full: int, block_size: int
 ) -> Iterator[tuple[int, bytes]]:
     """(num_tokens, key) of every partial block that could follow the first `num_full` full blocks of
     `token_ids` and leave at least one token to compute (the step needs one for its logits), longest
     first. `block_hashes` holds at least those `num_full` blocks' chained hashes."""
-    start = num_full * block_size
-    longest = min(block_size - 1, len(token_ids) - 1 - start)
-    parent = block_hashes[num_full - 1] if num_full else None
+    longest = min(block_size - 1, len(token_ids) - 1 - num_full * block_size)
     for num_tokens in range(longest, 0, -1):
-        yield num_tokens, hash_partial_block(parent, token_ids[start : start + num_tokens])
+        yield num_tokens, partial_key(token_ids, block_hashes, num_full, num_tokens, block_size)
