@@ -127,15 +127,13 @@ def run_slo_bench(cfg: SloBenchConfig) -> dict:
         controllers[ABLATION] = _adaptive(cfg, trace["duration_s"], targets, admission=False)
     for factor in cfg.ablation_itl_factors:
         controllers[f"{ABLATION}-itl{factor:g}"] = _adaptive(cfg, trace["duration_s"], targets, False, factor)
-    caps = {"adaptive": cfg.adaptive_max_num_seqs} | {name: cfg.adaptive_max_num_seqs for name in controllers}
     if cfg.slo_fixed:
         for cap in cfg.fixed_caps:
             controllers[f"{SLO_FIXED}{cap}"] = _adaptive(cfg, trace["duration_s"], targets, True, fixed_cap=cap)
-            caps[f"{SLO_FIXED}{cap}"] = cap
-    turns = {
-        name: engine_turns(lm, _config(cfg, caps[name]), requests, arrivals, name, adaptive=c)
-        for name, c in controllers.items()
-    }
+    turns = {}
+    for name, c in controllers.items():  # a held cap runs an engine of that cap, as fixed-<cap> does
+        cap = c.fixed_cap or cfg.adaptive_max_num_seqs
+        turns[name] = engine_turns(lm, _config(cfg, cap), requests, arrivals, name, adaptive=c)
     for cap in cfg.fixed_caps:
         turns[f"fixed-{cap}"] = engine_turns(lm, _config(cfg, cap), requests, arrivals, f"fixed-{cap}")
     results = side_by_side(turns, len(requests) * len(turns), cfg.show_progress)
