@@ -104,6 +104,12 @@ async def serve(settings: WorkerSettings) -> int:
         watch_group(worker)
     start_metrics_server(settings.metrics_port)
     try:
-        return await run_service(nc, worker.service, background=worker.background(), on_shutdown=worker.shutdown)
+        code = await run_service(nc, worker.service, background=worker.background(), on_shutdown=worker.shutdown)
     finally:
         await transport.close()
+    if settings.ep_size > 1:  # rank 0's layers still hold the group: see ferry.parallel.lockstep.leave_group
+        from ferry.parallel.lockstep import exit_now
+
+        logging.shutdown()
+        exit_now(code)
+    return code

@@ -88,8 +88,10 @@ def _rank(rank: int, address: GroupAddress, slots: tuple, tokens: list[int], fav
         has_copies = sum(map(len, slots)) > 8
         if not has_copies and padded_computed != _assignments_on(rank, moe, slots, tokens):
             failures.put(f"rank {rank}: its experts computed {padded_computed} rows in the padded exchange")
+    except Exception as error:  # reported here: leave_group ends the process before a raise could reach spawn
+        failures.put(f"rank {rank}: {type(error).__name__}: {error}")
     finally:
-        leave_group()
+        leave_group(exit_process=True)  # no interpreter finalization with gloo's threads alive (see leave_group)
 
 
 def _assignments_on(rank: int, moe: MoE, slots: tuple, tokens: list[int]) -> int:
