@@ -124,7 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--support-nice",
         type=int,
         help="niceness added to the gateway, balancers and kvcache, so that on a busy CPU the workers' "
-        f"OpenMP teams are preempted less (default {SUPPORT_NICE} on <= {SMALL_MACHINE_CORES} cores, else 0)",
+        "OpenMP teams are preempted less; with a niceness they also run SCHED_BATCH on Linux (no wake-up "
+        "preemption; FERRY_SUPPORT_SCHED_BATCH=0: not) "
+        f"(default {SUPPORT_NICE} on <= {SMALL_MACHINE_CORES} cores, else 0)",
     )
     parser.add_argument(
         "--stream-interval-ms",
