@@ -21,7 +21,7 @@ SMALL_MACHINE_CORES = 4
 processes would fight over the cores, and every sequence's KV would cross Redis for nothing."""
 SUPPORT_NICE = 5
 """--support-nice default on small machines."""
-STREAM_INTERVAL_MS = 20.0
+STREAM_INTERVAL_MS = 50.0
 """--stream-interval-ms default on small machines: tokens of a stream sent together for up to this long."""
 ONE_WORKER_WRITEBACK_DELAY_S = 5.0
 """--kv-writeback-delay-s default when one worker of layout both serves everything."""
