@@ -17,6 +17,7 @@ import abc
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -179,10 +180,11 @@ class Worker(Admission, Pulling, Reporting, abc.ABC):
 
     # ---- the engine loop ---------------------------------------------------------------------
     async def engine_loop(self) -> None:
-        queued = None  # the step already queued on the engine thread (pipelined roles)
+        queued: deque[asyncio.Future] = deque()  # steps already queued on the engine thread, oldest first
+        depth = self.settings.pipeline_depth if self.pipelined else 1
         while True:
             raise_if_cancelled()
-            if queued is None:
+            if not queued:
                 if self.is_halted or not (self.num_adding or self.engine.has_unfinished_requests()):
                     if self.is_halted:
                         self.parked.set()
@@ -190,17 +192,18 @@ class Worker(Admission, Pulling, Reporting, abc.ABC):
                     await self.has_work.wait()
                     continue
                 await self.hold_for_arrivals()
-                queued = self.compute.submit(self.step)
+                queued.append(self.compute.submit_step(self.step))
             start = time.perf_counter()
-            outputs = await queued
-            queued = None
+            outputs = await queued[0]
+            queued.popleft()
             log.debug("step: %d outputs, waited %.1f ms for them", len(outputs), (time.perf_counter() - start) * 1000)
             if outputs and self.pipelined and not self.is_halted and self.engine.has_unfinished_requests():
                 # the next step computes while this one's tokens are published: the engine thread
                 # never waits for this loop (thread hops, encoding, other tasks) between two steps;
                 # unless prompts are on their way (window.py): then it is queued once they have joined
                 if not self.should_hold(0.0):
-                    queued = self.compute.submit(self.step)
+                    while len(queued) < depth:
+                        queued.append(self.compute.submit_step(self.step))
             if outputs:  # sequences that produced a token this step (chunked prefills excluded)
                 metrics.BATCH_SIZE.labels(self.role).observe(len(outputs))
             await self.after_step(outputs)

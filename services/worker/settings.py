@@ -66,6 +66,21 @@ class WorkerSettings(ServiceSettings):
         "for prompts known to be on their way (pulled, or queued in JetStream behind the last one pulled), so a "
         "burst's prompts are prefilled together; a lone request never waits; 0 = off",
     )
+    pipeline_depth: int = Field(
+        default=2,
+        ge=1,
+        le=2,
+        description="pipelined roles (both): engine steps queued on the engine thread while the asyncio thread "
+        "handles the last one's outputs. 2: when a step ends the next is already queued, so the engine thread "
+        "never waits for a hop through the asyncio thread (~1 ms a step on 2 busy cores); an addition then "
+        "joins one step later. 1: each step is queued when the one before it returns",
+    )
+    loop_sched_batch: bool = Field(
+        default=True,
+        description="Linux: the asyncio thread (NATS, token events, pulls) runs SCHED_BATCH: it does not preempt "
+        "the engine's OpenMP threads mid-step each time a message wakes it (a preempted thread stalls its team "
+        "at the next barrier), it runs at the next scheduler tick instead; the engine thread keeps the normal policy",
+    )
     max_num_seqs: int | None = Field(
         default=None,
         ge=1,

@@ -287,7 +287,8 @@ async def test_cancel_mid_stream_frees_blocks_on_every_worker(system, client):
 
 async def test_the_decode_worker_steps_on_while_a_step_is_published(system, client, reference):
     """Pipelined engine loop: while the asyncio side still handles step N's tokens (here held up on
-    purpose), step N+1 already runs on the engine thread; the tokens stay exact and in order."""
+    purpose), steps N+1 .. N+depth (FERRY_PIPELINE_DEPTH, default 2) already run on the engine thread;
+    the tokens stay exact and in order."""
     decode_worker = system.workers["decode-t"]
     original = decode_worker.after_step
     steps_while_held = []
@@ -305,5 +306,6 @@ async def test_the_decode_worker_steps_on_while_a_step_is_published(system, clie
         await client.wait_finished(["r1"])
     finally:
         decode_worker.after_step = original
-    assert steps_while_held == [1]  # exactly one step queued ahead, not more
+    assert decode_worker.settings.pipeline_depth == 2
+    assert steps_while_held == [2]  # exactly `depth` steps queued ahead, not more
     assert client.errors == [] and client.tokens["r1"] == reference["r1"]

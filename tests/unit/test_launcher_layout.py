@@ -116,8 +116,8 @@ STREAM, WRITEBACK = "FERRY_STREAM_INTERVAL_MS", "FERRY_KV_WRITEBACK_DELAY_S"
 @pytest.mark.parametrize(
     "var, cores, argv, env, value",
     [
-        # a small machine: workers send a stream's tokens in 20 ms bunches
-        (STREAM, 2, [], None, "20.0"),
+        # a small machine: workers send a stream's tokens in 50 ms bunches
+        (STREAM, 2, [], None, "50.0"),
         (STREAM, 8, [], None, "0.0"),
         (STREAM, 2, ["--stream-interval-ms", "0"], None, "0.0"),
         (STREAM, 8, [], "5", "5.0"),

@@ -21,7 +21,7 @@ SMALL_MACHINE_CORES = 4
 processes would fight over the cores, and every sequence's KV would cross Redis for nothing."""
 SUPPORT_NICE = 5
 """--support-nice default on small machines."""
-STREAM_INTERVAL_MS = 20.0
+STREAM_INTERVAL_MS = 50.0
 """--stream-interval-ms default on small machines: tokens of a stream sent together for up to this long."""
 ONE_WORKER_WRITEBACK_DELAY_S = 5.0
 """--kv-writeback-delay-s default when one worker of layout both serves everything."""
@@ -124,7 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--support-nice",
         type=int,
         help="niceness added to the gateway, balancers and kvcache, so that on a busy CPU the workers' "
-        f"OpenMP teams are preempted less (default {SUPPORT_NICE} on <= {SMALL_MACHINE_CORES} cores, else 0)",
+        "OpenMP teams are preempted less; with a niceness they also run SCHED_BATCH on Linux (no wake-up "
+        "preemption; FERRY_SUPPORT_SCHED_BATCH=0: not) "
+        f"(default {SUPPORT_NICE} on <= {SMALL_MACHINE_CORES} cores, else 0)",
     )
     parser.add_argument(
         "--stream-interval-ms",

@@ -61,11 +61,14 @@ def main() -> int:
         time.sleep(1.0)  # py-spy attached
         processes = [psutil.Process(), *psutil.Process(server.process.pid).children(recursive=True)]
         cpu_before = {p.pid: _cpu_s(p) for p in processes}
+        workers = {name: pid for name, pid in pids.items() if name.startswith("worker")}
+        threads_before = {name: _thread_cpu_s(pid) for name, pid in workers.items()}
         calls = [CompletionCall(r.index, ids_to_text(r.prompt_token_ids), r.max_tokens, 1) for r in requests]
         started = time.perf_counter()
         phase = asyncio.run(run_phase(calls, [0.0] * len(calls), config, "burst", math.inf))
         wall = time.perf_counter() - started
         cpu = {_name(p, pids): _cpu_s(p) - cpu_before[p.pid] for p in processes}
+        threads = {name: _thread_delta(threads_before[name], _thread_cpu_s(pid)) for name, pid in workers.items()}
         for spy in spies.values():
             spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
         for spy in spies.values():
@@ -79,6 +82,10 @@ def main() -> int:
         "CPU seconds during the burst: "
         + ", ".join(f"{k} {v:.2f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
     )
+    for name, rows in threads.items():  # the asyncio thread is the main one (tid = pid)
+        pid = pids[name]
+        text = ", ".join(f"{'main' if tid == pid else tid} {s:.2f}" for tid, s in rows if s >= 0.01)
+        print(f"{name} CPU seconds per thread: {text}")
     for name in pids if args.py_spy else ():
         print(summarize(name, args.out / f"{name}.txt", args.top))
     return 0
@@ -90,6 +97,18 @@ def _cpu_s(process) -> float:
     except psutil.NoSuchProcess:
         return 0.0
     return times.user + times.system
+
+
+def _thread_cpu_s(pid: int) -> dict[int, float]:
+    try:
+        return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
+    except psutil.NoSuchProcess:
+        return {}
+
+
+def _thread_delta(before: dict[int, float], after: dict[int, float]) -> list[tuple[int, float]]:
+    """CPU seconds per thread between the two snapshots, most first."""
+    return sorted(((tid, s - before.get(tid, 0.0)) for tid, s in after.items()), key=lambda kv: -kv[1])
 
 
 def _name(process, pids: dict[str, int]) -> str:
