@@ -31,6 +31,7 @@ from ferry.protocol import (
     encode,
     subjects,
 )
+from ferry.sched import BatchWhenBusy
 from ferry_services.gateway.tracker import RequestTracker
 from ferry_services.gateway.traffic import GatewayTraffic
 from ferry_services.gateway.workers import LiveWorkers
@@ -51,13 +52,21 @@ class SubmitFailed(Exception):
 
 
 class GatewayBus:
-    def __init__(self, gateway_id: str, submit_timeout_s: float = 5.0, traffic: GatewayTraffic | None = None) -> None:
+    def __init__(
+        self,
+        gateway_id: str,
+        submit_timeout_s: float = 5.0,
+        traffic: GatewayTraffic | None = None,
+        sched_batch_from: int = 0,
+    ) -> None:
         self.gateway_id = gateway_id
         self.submit_timeout_s = submit_timeout_s
         self.traffic = traffic or GatewayTraffic(gateway_id)
         """Arrivals, their forecast (published from start() on) and SLO outcomes: traffic.py."""
         self._publisher: asyncio.Task | None = None
         self.tracker = RequestTracker()
+        self.busy = BatchWhenBusy(sched_batch_from)
+        """The event loop thread's scheduling policy, by the streams open (ferry.sched)."""
         self.workers = LiveWorkers()
         self._nc: Client | None = None
         self._service = Service(
@@ -96,6 +105,7 @@ class GatewayBus:
                 if event.index == 0:
                     trace.hop(event.request_id, "gw.event")
         self.tracker.deliver(batch)
+        self.busy.update(len(self.tracker))
 
     async def _on_load(self, report: LoadReport) -> None:
         now = time.monotonic()

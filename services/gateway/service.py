@@ -64,7 +64,7 @@ async def serve(settings: GatewaySettings) -> int:
     traffic = GatewayTraffic(
         settings.gateway_id, settings.ttft_slo_ms, settings.tpot_slo_ms, forecast, settings.forecast_publish_s
     )
-    bus = GatewayBus(settings.gateway_id, settings.submit_timeout_s, traffic)
+    bus = GatewayBus(settings.gateway_id, settings.submit_timeout_s, traffic, settings.sched_batch_from)
     await bus.start(settings.nats_url)
     app = create_app(settings, info.tokenizer, model_limits(settings, info), bus)
     start_metrics_server(settings.metrics_port)

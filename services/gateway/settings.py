@@ -37,6 +37,13 @@ class GatewaySettings(ServiceSettings):
     )
     api_key_file: str = Field(default="", description="file with one accepted key per line (adds to api_keys)")
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1, description="larger request bodies get 413")
+    sched_batch_from: int = Field(
+        default=0,
+        ge=0,
+        description="Linux: from this many open streams the event loop thread runs SCHED_BATCH (back to the normal "
+        "policy under half of it), so that on a box whose cores the workers fill its wake-ups do not preempt their "
+        "OpenMP threads (ferry.sched); `ferry up` sets 16 on small machines. 0: never",
+    )
     max_attempts: int = Field(default=3, ge=1, description="tries per request, migrations included")
     tpot_slo_ms: float = Field(default=0.0, ge=0, description="TPOT target of ferry_slo_requests; 0 = not counted")
     ttft_slo_ms: float = Field(default=2000.0, gt=0, description="TTFT target of ferry_slo_requests_total")

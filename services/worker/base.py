@@ -26,6 +26,7 @@ from nats.aio.client import Client
 from ferry import metrics
 from ferry.bus import Service, WorkConsumer, raise_if_cancelled, trace
 from ferry.protocol import Cancel, ErrorEvent, GenerateRequest, OutputBatch, TrafficForecast, encode, subjects
+from ferry.sched import BatchWhenBusy
 from ferry_services.worker.admission import Admission
 from ferry_services.worker.compute import ComputeThread
 from ferry_services.worker.events import batch_by_gateway
@@ -86,6 +87,8 @@ class Worker(Admission, Pulling, Reporting, abc.ABC):
         self.stream = TokenStream(nc, self.worker_id, settings.stream_interval_ms / 1000)
         """Token events out, held back per stream for FERRY_STREAM_INTERVAL_MS (coalesce.py)."""
         self.has_work = asyncio.Event()
+        self.busy = BatchWhenBusy(settings.loop_sched_batch_from)
+        """This (asyncio) thread's scheduling policy, by the sequences in a step: ferry.sched."""
         self.window = AdmissionWindow(settings.admission_window_ms / 1000 if self.admits_in_pull_order else 0.0)
         """Prompts on their way to the engine, for the step that would start without them (window.py)."""
         self.arrivals = asyncio.Event()
@@ -196,6 +199,7 @@ class Worker(Admission, Pulling, Reporting, abc.ABC):
             start = time.perf_counter()
             outputs = await queued[0]
             queued.popleft()
+            self.busy.update(len(outputs))
             log.debug("step: %d outputs, waited %.1f ms for them", len(outputs), (time.perf_counter() - start) * 1000)
             if outputs and self.pipelined and not self.is_halted and self.engine.has_unfinished_requests():
                 # the next step computes while this one's tokens are published: the engine thread

@@ -11,7 +11,6 @@ so an autoscaler counting the consumer's pending messages never sees a replica w
 from __future__ import annotations
 
 import logging
-import os
 
 from ferry.bus import connect, ensure_work_stream, run_service
 from ferry.kvstore import KvStore, RedisTransport
@@ -87,8 +86,6 @@ async def serve(settings: WorkerSettings) -> int:
     consumer = await open_work_consumer(nc.jetstream(), settings)  # before the (slow) model load
     compute = ComputeThread()
     engine = await compute.load(build_engine, settings)  # on the thread that will run every step
-    if settings.loop_sched_batch and hasattr(os, "SCHED_BATCH"):  # this thread only: the engine's has started
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     log.info(
         "%s worker %s: model %s (%s), %d KV blocks, %d rank(s)",
         settings.role,

@@ -75,11 +75,13 @@ class WorkerSettings(ServiceSettings):
         "never waits for a hop through the asyncio thread (~1 ms a step on 2 busy cores); an addition then "
         "joins one step later. 1: each step is queued when the one before it returns",
     )
-    loop_sched_batch: bool = Field(
-        default=True,
-        description="Linux: the asyncio thread (NATS, token events, pulls) runs SCHED_BATCH: it does not preempt "
-        "the engine's OpenMP threads mid-step each time a message wakes it (a preempted thread stalls its team "
-        "at the next barrier), it runs at the next scheduler tick instead; the engine thread keeps the normal policy",
+    loop_sched_batch_from: int = Field(
+        default=16,
+        ge=0,
+        description="Linux: from this many sequences in a step the asyncio thread (NATS, token events, pulls) runs "
+        "SCHED_BATCH, back to the normal policy under half of it: the messages that wake it then do not preempt the "
+        "engine's OpenMP threads mid-step (a preempted thread stalls its team at the next barrier); at low load it "
+        "keeps waking at once (ferry.sched). 0: never",
     )
     max_num_seqs: int | None = Field(
         default=None,

@@ -117,8 +117,6 @@ def spawn(spec: ServiceSpec, run_dir: Path) -> Child:
 def _prepare_child(nice: int) -> None:
     if nice:
         os.nice(nice)
-        if os.environ.get("FERRY_SUPPORT_SCHED_BATCH", "1") != "0":  # no wake-up preemption of the workers
-            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     _die_with_parent()
 
 

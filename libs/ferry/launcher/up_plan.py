@@ -21,6 +21,8 @@ SMALL_MACHINE_CORES = 4
 processes would fight over the cores, and every sequence's KV would cross Redis for nothing."""
 SUPPORT_NICE = 5
 """--support-nice default on small machines."""
+GATEWAY_SCHED_BATCH_FROM = 16
+"""Open streams from which a niced gateway's event loop runs SCHED_BATCH (ferry.sched)."""
 STREAM_INTERVAL_MS = 50.0
 """--stream-interval-ms default on small machines: tokens of a stream sent together for up to this long."""
 ONE_WORKER_WRITEBACK_DELAY_S = 5.0
@@ -124,8 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--support-nice",
         type=int,
         help="niceness added to the gateway, balancers and kvcache, so that on a busy CPU the workers' "
-        "OpenMP teams are preempted less; with a niceness they also run SCHED_BATCH on Linux (no wake-up "
-        "preemption; FERRY_SUPPORT_SCHED_BATCH=0: not) "
+        "OpenMP teams are preempted less; with a niceness the gateway's event loop also runs SCHED_BATCH on Linux "
+        "while $FERRY_SCHED_BATCH_FROM (16) or more streams are open (no wake-up preemption under a burst; 0: never) "
         f"(default {SUPPORT_NICE} on <= {SMALL_MACHINE_CORES} cores, else 0)",
     )
     parser.add_argument(
@@ -240,6 +242,8 @@ def plan_services(args: argparse.Namespace, model_dir: Path, nats_url: str, redi
         "FERRY_HTTP_HOST": args.host,
         "FERRY_HTTP_PORT": str(args.port),
         "FERRY_GATEWAY_ID": f"gateway-{tag}",
+        # under a burst its wake-ups must not preempt the workers' OpenMP threads (ferry.sched)
+        "FERRY_SCHED_BATCH_FROM": os.environ.get("FERRY_SCHED_BATCH_FROM", str(GATEWAY_SCHED_BATCH_FROM * bool(nice))),
     }
     specs.append(ServiceSpec("gateway", "gateway", gateway_env, nice=nice))
     return specs
