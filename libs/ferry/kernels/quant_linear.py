@@ -86,7 +86,8 @@ dequantization costs ~3.4 ms a layer); `ferry up` under the burst: 260-266 outpu
 TTFT p50 2.3-2.5 s against 4.7. The cost: bfloat16 activations (8 bits of mantissa; SmolLM2 with every
 row in bfloat16: 99.2% teacher-forced agreement with fp32, KL 0.00055) and batch invariance (a decode row
 that shares a step of 512+ rows with a prefill is multiplied in bfloat16 too). Without AMX a bfloat16
-matmul is no faster than the kernels, hence off there."""
+matmul is no faster than the kernels, hence off there. Where QuantLinear keeps a bf16 copy (BF16_COPY_FROM_ROWS),
+the copy serves these calls instead (no per-call dequantization)."""
 
 
 def _bf16_copy_from_rows() -> int:
