@@ -186,6 +186,7 @@ def test_calls_from_bf16_rows_multiply_in_bf16_and_shorter_ones_keep_the_kernel(
 
     gen = torch.Generator().manual_seed(9)
     qw, bias = quantize(torch.randn(48, 128, generator=gen), bits, 32), torch.randn(48, generator=gen)
+    monkeypatch.setattr(kernels, "BF16_COPY_FROM_ROWS", 0)  # no bf16 copy: the per-call dequantization
     layer = QuantLinear(qw, bias)
     layer.backend = "cpu"
     layer.prepack()
@@ -218,3 +219,56 @@ def test_bf16_rows_are_on_by_default_only_where_the_cpu_has_amx(monkeypatch, amx
     assert kernels._bf16_from_rows() == expected
     monkeypatch.setenv("FERRY_QUANT_BF16_FROM_ROWS", "0")
     assert kernels._bf16_from_rows() == 0
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_bf16_copy_multiplies_calls_from_its_row_count_and_shorter_ones_keep_the_kernel(kernel, monkeypatch, bits):
+    from ferry.kernels import quant_linear as kernels
+    from ferry.model.quant_linear import QuantLinear
+
+    gen = torch.Generator().manual_seed(11)
+    qw, bias = quantize(torch.randn(48, 128, generator=gen), bits, 32), torch.randn(48, generator=gen)
+    short, long = torch.randn(7, 128, generator=gen), torch.randn(3, 8, 128, generator=gen)  # 7 and 24 rows
+    monkeypatch.setattr(kernels, "BF16_COPY_FROM_ROWS", 0)
+    plain = QuantLinear(qw, bias)
+    plain.backend = "cpu"
+    plain.prepack()
+    assert plain.bf16_copy is None  # off: no copy, no memory spent
+    kernel_short, kernel_long = plain(short), plain(long)
+    monkeypatch.setattr(kernels, "BF16_COPY_FROM_ROWS", 24)
+    layer = QuantLinear(qw, bias)
+    layer.backend = "cpu"
+    layer.prepack()
+    assert layer.bf16_copy is not None and layer.bf16_copy.dtype == torch.bfloat16
+    assert torch.equal(layer(short), kernel_short)  # under the row count: the kernel, bit for bit
+    got = layer(long)
+    assert got.shape == (3, 8, 48) and got.dtype == torch.float32
+    reference = torch.mm(long.reshape(24, 128).bfloat16(), dequantize(qw, torch.bfloat16).t()).float() + bias
+    torch.testing.assert_close(got.reshape(24, 48), reference, atol=0.1, rtol=2**-6)  # an ulp of bf16 output apart
+    assert not torch.equal(got, kernel_long)  # the switch happened: bf16 rounding differs from the kernel's
+    torch.testing.assert_close(got, long @ dequantize(qw).T + bias, atol=0.15, rtol=0.02)
+    layer.backend = "torch"  # another backend never reads the copy
+    torch.testing.assert_close(layer(long), long @ dequantize(qw).T + bias, atol=1e-4, rtol=1e-4)
+    monkeypatch.setattr(kernels, "BF16_COPY_FROM_ROWS", 0)  # switched off after load: the kernel again
+    layer.backend = "cpu"
+    assert torch.equal(layer(long), kernel_long)
+
+
+@pytest.mark.parametrize("value", ["many", "-1", "1.5"])
+def test_a_bad_bf16_copy_setting_is_refused_by_name(monkeypatch, value):
+    from ferry.kernels.quant_linear import _bf16_copy_from_rows
+
+    monkeypatch.setenv("FERRY_QUANT_BF16_COPY_FROM_ROWS", value)
+    with pytest.raises(ValueError, match="FERRY_QUANT_BF16_COPY_FROM_ROWS"):
+        _bf16_copy_from_rows()
+
+
+@pytest.mark.parametrize("amx, expected", [(True, 24), (False, 0)])
+def test_the_bf16_copy_is_on_by_default_only_where_the_cpu_has_amx(monkeypatch, amx, expected):
+    from ferry.kernels import quant_linear as kernels
+
+    monkeypatch.delenv("FERRY_QUANT_BF16_COPY_FROM_ROWS", raising=False)
+    monkeypatch.setattr(kernels, "cpu_has_amx_bf16", lambda: amx)
+    assert kernels._bf16_copy_from_rows() == expected
+    monkeypatch.setenv("FERRY_QUANT_BF16_COPY_FROM_ROWS", "0")
+    assert kernels._bf16_copy_from_rows() == 0

@@ -86,7 +86,37 @@ dequantization costs ~3.4 ms a layer); `ferry up` under the burst: 260-266 outpu
 TTFT p50 2.3-2.5 s against 4.7. The cost: bfloat16 activations (8 bits of mantissa; SmolLM2 with every
 row in bfloat16: 99.2% teacher-forced agreement with fp32, KL 0.00055) and batch invariance (a decode row
 that shares a step of 512+ rows with a prefill is multiplied in bfloat16 too). Without AMX a bfloat16
-matmul is no faster than the kernels, hence off there."""
+matmul is no faster than the kernels, hence off there. Where QuantLinear keeps a bf16 copy (BF16_COPY_FROM_ROWS),
+the copy serves these calls instead (no per-call dequantization)."""
+
+
+def _bf16_copy_from_rows() -> int:
+    default = "24" if cpu_has_amx_bf16() else "0"
+    raw = os.environ.get("FERRY_QUANT_BF16_COPY_FROM_ROWS", default).strip()
+    if not raw.isdigit():
+        raise ValueError(f"FERRY_QUANT_BF16_COPY_FROM_ROWS={raw!r}: must be a row count (0: keep no bf16 copy)")
+    return int(raw)
+
+
+BF16_COPY_FROM_ROWS = _bf16_copy_from_rows()
+"""Where > 0, every CPU QuantLinear keeps, beside its codes, a bfloat16 copy of its dequantized weight packed once
+for oneDNN (QuantLinear.bf16_copy, made at prepack), and multiplies calls of this many rows or more with it (AMX tiles)
+instead of the int8-activation kernel or BF16_FROM_ROWS' per-call dequantization; shorter calls keep the kernel,
+bit for bit. 0: no copy. Default 24 on a CPU with AMX, else 0; read once at import. The cost is memory: 2 bytes
+per weight beside the codes' ~0.6 (SmolLM2-135M: ~270 MB of bf16 copies beside ~70 MB of int4 codes). The model
+still holds and reports its quantized weights (/v1/models says int4); the copy is the same values rounded to
+bf16, a cache for the matmul. On a 2-core Xeon with AMX, a whole SmolLM2 step's matmuls with the weights streamed
+from memory (ops/bench/quant/20261205-xeon-amx-rows): int4 kernel vs the packed bf16 copy 12.7 vs 24.9 ms at 8
+rows, 20.8 vs 28.3 at 16, 48.4 vs 21.7 at 32, 66.1 vs 38.3 at 64, 142 vs 62 at 128, 735 vs 250 at 512 (578 with
+per-call dequantization). Quality as BF16_FROM_ROWS: bf16 activations (SmolLM2 with every row in bf16: 99.2%
+teacher-forced agreement with fp32, KL 0.00055), and a decode row in a batch of 24+ rows goes bf16 too."""
+
+
+def bf16_copy_matmul(x: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
+    """x [M, K] fp32 -> [M, N] fp32: x rounded to bf16, multiplied by oneDNN with a bf16 weight it packed
+    (ferry.model.cpu_linear.pack of the dequantized weight: QuantLinear.bf16_copy)."""
+    rows = x.to(torch.bfloat16, memory_format=torch.contiguous_format)
+    return torch.ops.mkldnn._linear_pointwise(rows, copy, None, "none", [], "").float()
 
 
 def _int8_activations() -> bool:

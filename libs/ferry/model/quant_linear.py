@@ -16,9 +16,10 @@ import torch
 from torch import nn
 
 from ferry.kernels import quant_linear as kernels
-from ferry.kernels.quant_linear import dot_arguments, pack_cpu, quant_matmul
+from ferry.kernels.quant_linear import bf16_copy_matmul, dot_arguments, pack_cpu, quant_matmul
 from ferry.kernels.quant_pack import CpuPacked, DotPacked
-from ferry.kernels.quant_ref import DEFAULT_GROUP_SIZE, QuantizedWeight, quantize
+from ferry.kernels.quant_ref import DEFAULT_GROUP_SIZE, QuantizedWeight, dequantize, quantize
+from ferry.model import cpu_linear
 
 QUANT_BITS = {"int8": 8, "int4": 4}
 
@@ -63,6 +64,12 @@ class QuantLinear(nn.Module):
             self.packed = pack_cpu(self.qw)
             if isinstance(self.packed, DotPacked):
                 self.dot_call = (torch.ops.ferry_cpu.quant_dot_linear.default, dot_arguments(self.packed))
+            if kernels.BF16_COPY_FROM_ROWS:
+                self.bf16_copy = cpu_linear.pack(dequantize(self.qw, torch.bfloat16))
+
+    bf16_copy: torch.Tensor | None = None
+    """Where kernels.BF16_COPY_FROM_ROWS > 0 (on by default with AMX): the weight dequantized to bfloat16 and packed
+    for oneDNN at prepack, which multiplies calls of that many rows or more (2 bytes a weight beside the codes)."""
 
     dot_call: tuple | None = None
     """(the int8-activation op, its arguments after x), bound at prepack: a decode step makes ~120 of these
@@ -72,6 +79,16 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         bias = self.bias
         assert bias is None or isinstance(bias, torch.Tensor)
+        copy = self.bf16_copy
+        if (  # a batch of BF16_COPY_FROM_ROWS+ fp32 rows on the CPU: the bf16 copy on AMX tiles
+            copy is not None
+            and self.backend == "cpu"
+            and x.dtype == torch.float32
+            and x.device.type == "cpu"
+            and 0 < kernels.BF16_COPY_FROM_ROWS * x.shape[-1] <= x.numel()
+        ):
+            out = bf16_copy_matmul(x.reshape(-1, x.shape[-1]), copy).view(*x.shape[:-1], -1)
+            return out if bias is None else out.add_(bias)
         call = self.dot_call
         if (  # the decode step's case, fp32 rows on the CPU: straight to the kernel (it checks x against the codes)
             call is not None

@@ -4,11 +4,13 @@ whole burst) or `decode-ops` (of the decode steps of > 8 sequences only).
 
     /work/tools/cpu-bench python ops/bench/throughput/steps.py smollm2 [steps|ops|decode-ops]
     FERRY_QUANT_TILED_FROM_ROWS=1000000000 ...   # the quant kernel's register passes only (A/B)
+    STEPS_KV_CACHE_DTYPE=bfloat16 ...             # the engine's kv_cache_dtype (A/B)
 
 The engine gets `ferry up`'s worker KV pool (1024 blocks), the burst is run.py's (seed 0).
 """
 
 import collections
+import os
 import sys
 import time
 
@@ -32,7 +34,12 @@ def step_class(num_seqs: int, num_prefill_tokens: int) -> str:
 def main() -> None:
     model = str(resolve_model(sys.argv[1]))
     mode = sys.argv[2] if len(sys.argv) > 2 else "steps"
-    engine = LLMEngine.from_model_path(model, EngineConfig(max_num_seqs=64, num_kv_blocks=1024))
+    engine = LLMEngine.from_model_path(
+        model,
+        EngineConfig(
+            max_num_seqs=64, num_kv_blocks=1024, kv_cache_dtype=os.environ.get("STEPS_KV_CACHE_DTYPE") or None
+        ),
+    )
     requests = burst.burst_requests(read_config(model).vocab_size)
     engine.add_request("warm", requests[0].prompt_token_ids[:16], SamplingParams(max_tokens=4, temperature=0.0))
     while engine.has_unfinished_requests():

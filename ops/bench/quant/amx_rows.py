@@ -1,0 +1,98 @@
+"""A whole SmolLM2 step's int4 matmuls per row count M on an AMX CPU, every layer's weights its own (streamed from
+memory as in serving): the int8-activation kernel (what decode runs), bf16 with the weight dequantized per call
+(BF16_FROM_ROWS, what prefill runs), a cached bf16 copy of the dequantized weight through torch.mm, the same copy
+packed once for oneDNN (mkldnn linear, AMX tiles), and oneDNN's packed fp32 GEMM for scale (small M only).
+Shapes: 30 layers of fused qkv, o, fused gate/up, down, plus lm_head (49152 x 576) once; random weights.
+
+    /work/tools/cpu-bench python ops/bench/quant/amx_rows.py [--rows 1,8,...] [--out DIR]
+"""
+
+import argparse
+import json
+import platform
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from ferry.kernels.quant_linear import bf16_quant_matmul, dot_quant_matmul
+from ferry.kernels.quant_pack import pack_for_dot
+from ferry.kernels.quant_ref import dequantize, quantize
+from ferry.model import cpu_linear
+
+LAYERS = 30
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # [N, K]: qkv, o, gate_up, down
+LM_HEAD = (49152, 576)
+FP32_MAX_ROWS = 128
+
+
+def best_of(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def run_step(weights: list, xs: dict[int, torch.Tensor], matmul: Callable) -> None:
+    for w in weights:
+        matmul(xs[w[0]], w[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="1,8,16,32,64,128,512,2048", help="row counts M, comma-separated")
+    parser.add_argument("--out", type=Path, help="write amx_rows.json here")
+    args = parser.parse_args()
+    gen = torch.Generator().manual_seed(0)
+    shapes = SHAPES * LAYERS + [LM_HEAD]
+    dense = [torch.randn(n, k, generator=gen) * 0.02 for n, k in shapes]
+    quantized = [quantize(w, 4, 32) for w in dense]
+    bf16 = [dequantize(q, torch.bfloat16) for q in quantized]
+    columns = {
+        "int4_kernel_ms": ([(q.in_features, pack_for_dot(q)) for q in quantized], dot_quant_matmul),
+        "bf16_per_call_ms": ([(q.in_features, q) for q in quantized], bf16_quant_matmul),
+        "bf16_cached_mm_ms": (
+            [(w.shape[1], w) for w in bf16],
+            lambda x, w: torch.mm(x.to(torch.bfloat16), w.t()).float(),
+        ),
+        "bf16_cached_onednn_ms": (
+            [(w.shape[1], cpu_linear.pack(w)) for w in bf16],
+            lambda x, p: torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), p, None, "none", [], "").float(),
+        ),
+        "fp32_onednn_ms": (
+            [(w.shape[1], cpu_linear.pack(w)) for w in dense],
+            lambda x, p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""),
+        ),
+    }
+    rows_out = []
+    for m in (int(r) for r in args.rows.split(",")):
+        xs = {k: torch.randn(m, k, generator=gen) for k in (576, 1536)}
+        row: dict[str, float | int] = {"rows": m}
+        for name, (weights, matmul) in columns.items():
+            if name.startswith("fp32") and m > FP32_MAX_ROWS:
+                continue
+            row[name] = best_of(partial(run_step, weights, xs, matmul), 5 if m <= 128 else 2)
+        rows_out.append(row)
+        print(" ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        report = {
+            "workload": {"layers": LAYERS, "shapes_nk": SHAPES, "lm_head_nk": LM_HEAD, "bits": 4, "group_size": 32},
+            "timing": "best of 5 whole steps (2 from 512 rows)",
+            "machine": {
+                "platform": platform.platform(),
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+            },
+            "rows": rows_out,
+        }
+        (args.out / "amx_rows.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
