@@ -254,6 +254,33 @@ def test_a_bf16_copy_multiplies_calls_from_its_row_count_and_shorter_ones_keep_t
     assert torch.equal(layer(long), kernel_long)
 
 
+def test_bf16_copies_stay_within_their_memory_cap_and_a_freed_layer_gives_its_bytes_back(kernel, monkeypatch):
+    import gc
+
+    from ferry.kernels import quant_linear as kernels
+    from ferry.model.quant_linear import QuantLinear
+
+    qw = quantize(torch.randn(48, 128, generator=torch.Generator().manual_seed(12)), 4, 32)
+    x = torch.randn(32, 128, generator=torch.Generator().manual_seed(13))
+    monkeypatch.setattr(kernels, "BF16_COPY_FROM_ROWS", 24)
+    held = kernels.bf16_copy_bytes()
+    monkeypatch.setattr(kernels, "BF16_COPY_MAX_BYTES", held + 48 * 128 * 2)  # room for one layer's copy
+    layers = [QuantLinear(qw, None) for _ in range(2)]
+    for layer in layers:
+        layer.backend = "cpu"
+        layer.prepack()
+    assert layers[0].bf16_copy is not None and layers[1].bf16_copy is None  # the second would pass the cap
+    assert kernels.bf16_copy_bytes() == held + 48 * 128 * 2
+    torch.testing.assert_close(layers[1](x), x @ dequantize(qw).T, atol=0.15, rtol=0.02)  # the kernel serves it
+    del layers[0]
+    gc.collect()
+    assert kernels.bf16_copy_bytes() == held
+    again = QuantLinear(qw, None)
+    again.backend = "cpu"
+    again.prepack()
+    assert again.bf16_copy is not None
+
+
 @pytest.mark.parametrize("value", ["many", "-1", "1.5"])
 def test_a_bad_bf16_copy_setting_is_refused_by_name(monkeypatch, value):
     from ferry.kernels.quant_linear import _bf16_copy_from_rows

@@ -18,13 +18,17 @@ AMX tiles); see BF16_FROM_ROWS.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 
 import torch
 
 from ferry.kernels.cpu_decode import kernel, kernel_built
 from ferry.kernels.quant_pack import CpuPacked, DotPacked, pack_for_cpu, pack_for_dot
 from ferry.kernels.quant_ref import QuantizedWeight, dequantize, quant_matmul_ref
+
+log = logging.getLogger(__name__)
 
 
 def quant_matmul(
@@ -102,14 +106,62 @@ BF16_COPY_FROM_ROWS = _bf16_copy_from_rows()
 """Where > 0, every CPU QuantLinear keeps, beside its codes, a bfloat16 copy of its dequantized weight packed once
 for oneDNN (QuantLinear.bf16_copy, made at prepack), and multiplies calls of this many rows or more with it (AMX tiles)
 instead of the int8-activation kernel or BF16_FROM_ROWS' per-call dequantization; shorter calls keep the kernel,
-bit for bit. 0: no copy. Default 24 on a CPU with AMX, else 0; read once at import. The cost is memory: 2 bytes
-per weight beside the codes' ~0.6 (SmolLM2-135M: ~270 MB of bf16 copies beside ~70 MB of int4 codes). The model
+bit for bit. 0: no copy. The copies together stay within BF16_COPY_MAX_BYTES. Default 24 on a CPU with AMX,
+else 0; read once at import. The cost is memory: 2 bytes per weight beside the codes' ~0.6 (SmolLM2-135M: ~270 MB
+of bf16 copies beside ~70 MB of int4 codes). The model
 still holds and reports its quantized weights (/v1/models says int4); the copy is the same values rounded to
 bf16, a cache for the matmul. On a 2-core Xeon with AMX, a whole SmolLM2 step's matmuls with the weights streamed
 from memory (ops/bench/quant/20261205-xeon-amx-rows): int4 kernel vs the packed bf16 copy 12.7 vs 24.9 ms at 8
 rows, 20.8 vs 28.3 at 16, 48.4 vs 21.7 at 32, 66.1 vs 38.3 at 64, 142 vs 62 at 128, 735 vs 250 at 512 (578 with
 per-call dequantization). Quality as BF16_FROM_ROWS: bf16 activations (SmolLM2 with every row in bf16: 99.2%
 teacher-forced agreement with fp32, KL 0.00055), and a decode row in a batch of 24+ rows goes bf16 too."""
+
+
+def _bf16_copy_max_bytes() -> int:
+    raw = os.environ.get("FERRY_QUANT_BF16_COPY_MAX_MB", "2048").strip()
+    if not raw.isdigit():
+        raise ValueError(f"FERRY_QUANT_BF16_COPY_MAX_MB={raw!r}: must be a size in MiB")
+    return int(raw) << 20
+
+
+BF16_COPY_MAX_BYTES = _bf16_copy_max_bytes()
+"""The most the bf16 copies of one process may hold together (FERRY_QUANT_BF16_COPY_MAX_MB, default 2048 MiB): a
+layer whose copy would pass it keeps its codes only and multiplies with the kernel. Why: the copy costs 2 bytes a
+weight, ~3x an int4 model's codes; a 7B model's copies would take ~14 GB that nobody asked for by keeping its
+weights in int4. SmolLM2-135M's take ~270 MB. A layer's copy is given back when the layer is freed."""
+
+_bf16_copy_lock = threading.Lock()
+_bf16_copy_bytes = 0
+_bf16_copy_full_logged = False
+
+
+def reserve_bf16_copy(nbytes: int) -> bool:
+    """Whether a copy of nbytes fits BF16_COPY_MAX_BYTES beside those alive (then it is counted)."""
+    global _bf16_copy_bytes, _bf16_copy_full_logged
+    with _bf16_copy_lock:
+        if _bf16_copy_bytes + nbytes > BF16_COPY_MAX_BYTES:
+            if not _bf16_copy_full_logged:
+                _bf16_copy_full_logged = True
+                log.warning(
+                    "bf16 weight copies: %d MiB held, the next layer's would pass FERRY_QUANT_BF16_COPY_MAX_MB "
+                    "(%d MiB): layers past it multiply with the int kernel (slower prefill, same memory as the codes)",
+                    _bf16_copy_bytes >> 20,
+                    BF16_COPY_MAX_BYTES >> 20,
+                )
+            return False
+        _bf16_copy_bytes += nbytes
+        return True
+
+
+def release_bf16_copy(nbytes: int) -> None:
+    global _bf16_copy_bytes
+    with _bf16_copy_lock:
+        _bf16_copy_bytes -= nbytes
+
+
+def bf16_copy_bytes() -> int:
+    """What the bf16 copies alive hold, in bytes."""
+    return _bf16_copy_bytes
 
 
 def bf16_copy_matmul(x: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:

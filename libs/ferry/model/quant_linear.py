@@ -10,6 +10,7 @@ stays in the model dtype (a lookup reads one row per token), also when lm_head i
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -64,8 +65,10 @@ class QuantLinear(nn.Module):
             self.packed = pack_cpu(self.qw)
             if isinstance(self.packed, DotPacked):
                 self.dot_call = (torch.ops.ferry_cpu.quant_dot_linear.default, dot_arguments(self.packed))
-            if kernels.BF16_COPY_FROM_ROWS:
+            nbytes = 2 * self.qw.in_features * self.qw.out_features
+            if kernels.BF16_COPY_FROM_ROWS and kernels.reserve_bf16_copy(nbytes):  # within BF16_COPY_MAX_BYTES
                 self.bf16_copy = cpu_linear.pack(dequantize(self.qw, torch.bfloat16))
+                weakref.finalize(self, kernels.release_bf16_copy, nbytes)
 
     bf16_copy: torch.Tensor | None = None
     """Where kernels.BF16_COPY_FROM_ROWS > 0 (on by default with AMX): the weight dequantized to bfloat16 and packed
