@@ -2,10 +2,12 @@
 
 Under SCHED_OTHER a thread woken by a message preempts whatever runs on its core at once. On a box
 with as many busy OpenMP threads as cores, the thread it preempts is one of the engine's team, and the
-whole team then waits for it at the next barrier: a burst through `ferry up` on 2 cores ran ~5% faster
-with the worker's asyncio thread and the gateway under SCHED_BATCH (no wake-up preemption: the woken
-thread runs at the next tick). At low load the same wait costs each hop of a request's path up to a
-tick (TTFT p50 +20 ms at 2 req/s), so a thread runs SCHED_BATCH only while its process is busy.
+whole team then waits for it at the next barrier. Under SCHED_BATCH the woken thread runs at the next
+tick instead. On 2 cores a 48-request burst through `ferry up` ran 5-20% faster with the worker's
+asyncio thread and the gateway under SCHED_BATCH (ops/bench/throughput/README.md, tenth round and the
+lead's follow-up); the wait for the tick costs a request's hops TTFT (+20 ms p50 at 2 req/s on a box
+near its capacity; nothing measurable at 0.5 req/s). A thread runs SCHED_BATCH only while its process
+serves a few streams at once (the defaults: 4), so a lone request is never delayed by it.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ class GatewaySettings(ServiceSettings):
         ge=0,
         description="Linux: from this many open streams the event loop thread runs SCHED_BATCH (back to the normal "
         "policy under half of it), so that on a box whose cores the workers fill its wake-ups do not preempt their "
-        "OpenMP threads (ferry.sched); `ferry up` sets 16 on small machines. 0: never",
+        "OpenMP threads (ferry.sched); `ferry up` sets 4 on small machines. 0: never",
     )
     max_attempts: int = Field(default=3, ge=1, description="tries per request, migrations included")
     tpot_slo_ms: float = Field(default=0.0, ge=0, description="TPOT target of ferry_slo_requests; 0 = not counted")

@@ -76,7 +76,7 @@ class WorkerSettings(ServiceSettings):
         "joins one step later. 1: each step is queued when the one before it returns",
     )
     loop_sched_batch_from: int = Field(
-        default=16,
+        default=4,
         ge=0,
         description="Linux: from this many sequences in a step the asyncio thread (NATS, token events, pulls) runs "
         "SCHED_BATCH, back to the normal policy under half of it: the messages that wake it then do not preempt the "

@@ -59,7 +59,7 @@ def _gateway_env(num_cores: int, *argv: str) -> dict[str, str]:
 
 def test_ferry_up_turns_it_on_for_a_niced_gateway_only(monkeypatch):
     monkeypatch.delenv("FERRY_SCHED_BATCH_FROM", raising=False)
-    assert _gateway_env(2)["FERRY_SCHED_BATCH_FROM"] == "16"  # small machine: niced
+    assert _gateway_env(2)["FERRY_SCHED_BATCH_FROM"] == "4"  # small machine: niced
     assert _gateway_env(16)["FERRY_SCHED_BATCH_FROM"] == "0"  # big one: no niceness, nothing to yield
     assert _gateway_env(2, "--support-nice", "0")["FERRY_SCHED_BATCH_FROM"] == "0"
     monkeypatch.setenv("FERRY_SCHED_BATCH_FROM", "0")

@@ -21,7 +21,7 @@ SMALL_MACHINE_CORES = 4
 processes would fight over the cores, and every sequence's KV would cross Redis for nothing."""
 SUPPORT_NICE = 5
 """--support-nice default on small machines."""
-GATEWAY_SCHED_BATCH_FROM = 16
+GATEWAY_SCHED_BATCH_FROM = 4
 """Open streams from which a niced gateway's event loop runs SCHED_BATCH (ferry.sched)."""
 STREAM_INTERVAL_MS = 50.0
 """--stream-interval-ms default on small machines: tokens of a stream sent together for up to this long."""
@@ -127,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="niceness added to the gateway, balancers and kvcache, so that on a busy CPU the workers' "
         "OpenMP teams are preempted less; with a niceness the gateway's event loop also runs SCHED_BATCH on Linux "
-        "while $FERRY_SCHED_BATCH_FROM (16) or more streams are open (no wake-up preemption under a burst; 0: never) "
+        "while $FERRY_SCHED_BATCH_FROM (4) or more streams are open (no wake-up preemption under a burst; 0: never) "
         f"(default {SUPPORT_NICE} on <= {SMALL_MACHINE_CORES} cores, else 0)",
     )
     parser.add_argument(
