@@ -157,6 +157,10 @@ class PrefillBalancer(Balancer[PrefillWork]):
         missing = missing[: self.settings.max_prefetch_blocks]
         self.prefixes.apply("stored", namespace, choice.worker_id, missing, tier="host")  # there in a moment
         self.num_warmups += 1
+        if partial is not None and missing == [partial]:
+            # also the full block it follows (held there: the fetch skips it): the next turn's admission
+            # matches a warm-up to its prompt by full blocks (Prefetcher.settle), and waits for this one
+            missing = [chain[-1], partial]
         prefetch = KvPrefetch(f"warm-{request_id}", namespace, missing, warm=True)
         await self.nc.publish(subjects.kv_prefetch(choice.worker_id), encode(prefetch))
         return 1

@@ -51,6 +51,7 @@ class WorkStats:
             "draining": report.draining,
             "host_kv_blocks": engine.num_host_blocks,
             "host_kv_hit_blocks": engine.num_host_hit_blocks,
+            "num_partial_hit_tokens": engine.num_partial_hit_tokens,
             "slo": self.worker.slo.snapshot(self.worker.engine),
         }
         if report.ranks:  # a worker group: each rank's own load

@@ -99,6 +99,30 @@ async def test_next_turn_finds_its_history_warmed_up(system, nc, client, tiny_mo
     assert not [p for p in prefetches if p.request_id == "turn-2"]  # nothing left for the routing to fetch
 
 
+async def test_a_partial_only_warm_up_names_the_block_its_next_turn_extends(system, nc, client, tiny_model):
+    prefill, decode_worker = system.workers["prefill-t"], system.workers["decode-t"]
+    prefetches: list[KvPrefetch] = []
+
+    async def collect(msg) -> None:
+        prefetches.append(decode(msg.data))
+
+    await nc.subscribe(subjects.kv_prefetch(prefill.worker_id), cb=collect)
+    short = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    history = TURN_1 + await serve(client, "turn-1", TURN_1, short)  # 78 tokens: 77 computed, 4 full blocks
+    hashes = hash_full_blocks(history[:-1], 16)
+    partial = hash_partial_block(hashes[-1], history[64:77])
+    # the prefill worker holds the 4 full blocks (it computed them): the warm-up's only block to fetch is the
+    # partial one, and it also names the full block that partial one follows, so that the next turn's
+    # admission (Prefetcher.settle matches by full blocks) waits for it or takes it back
+    await wait_until(lambda: prefetches, "the turn end's warm-up")
+    assert [(p.warm, p.block_hashes) for p in prefetches] == [(True, [hashes[-1], partial])]
+    await wait_until(lambda: prefill.prefetcher.stats.num_fetched_blocks == 1, "the warm-up fetched the partial block")
+    assert decode_worker.num_written_back_blocks == 1
+    turn_2 = history + USER_2
+    assert await serve(client, "turn-2", turn_2) == expected_tokens(tiny_model, turn_2)
+    assert prefill.engine.stats().num_partial_hit_tokens == 13  # turn 1's tail: copied, not computed
+
+
 async def test_a_cancelled_requests_prefetch_is_dropped(system, nc):
     prefill = system.workers["prefill-t"]
     prefill.prefetcher._wake = asyncio.Event()  # park the loop's wake-up: the offer stays queued

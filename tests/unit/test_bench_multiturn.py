@@ -72,6 +72,21 @@ def test_report_says_both_modes_were_warmed_up(tmp_path):
     assert "No warm-up" in (tmp_path / "README.md").read_text()
 
 
+def test_report_shows_the_partial_block_tokens_copied(tmp_path):
+    from pathlib import Path
+
+    from ferry.bench.multiturn_report import write_markdown
+
+    saved = Path(__file__).parents[2] / "ops/bench/multiturn/20261204-warm-answers256/multiturn.json"
+    report = __import__("json").loads(saved.read_text())
+    on = report["modes"]["on"]
+    on["prefix_blocks_by_tier"] |= {"device": 10, "host": 5, "remote": 0, "computed": 3, "partial_tokens": 77}
+    on["after_restart"]["prefix_blocks_by_tier"] = {"device": 1, "host": 2, "remote": 0, "computed": 4}
+    write_markdown(tmp_path / "README.md", report)
+    text = (tmp_path / "README.md").read_text()
+    assert "| on | 10 | 5 | 0 | 3 | 77 | 1 | 2 | 0 | 4 |  |" in text  # an older report: no partial count
+
+
 def test_hop_trace_splits_a_turns_ttft_and_finds_its_first_token_step():
     from ferry.bench.multiturn_trace import breakdown, request_hops
 

@@ -46,15 +46,17 @@ def write_markdown(path: Path, report: dict) -> None:
         f"Output tokens/s on/off: **{_f(ratios['throughput_on_over_off'], 3)}** "
         f"(off {tokens_per_s['off']}, on {tokens_per_s['on']}).",
         "",
-        "Prefill worker's admitted prompt blocks by tier (turns 1..N; then the turn after the restart):",
+        "Prefill worker's admitted prompt blocks by tier (turns 1..N; then the turn after the restart), and the",
+        "tokens it copied from cached partial last blocks instead of computing them (partial tok.):",
         "",
-        "| mode | device | host | remote | computed | after restart: device | host | remote | computed |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| mode | device | host | remote | computed | partial tok. | after restart: device | host | remote "
+        "| computed | partial tok. |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, data in modes.items():
         before, after = data["prefix_blocks_by_tier"], data["after_restart"]["prefix_blocks_by_tier"]
-        cells = [str(before.get(k, "")) for k in ("device", "host", "remote", "computed")]
-        cells += [str(after.get(k, "")) for k in ("device", "host", "remote", "computed")]
+        keys = ("device", "host", "remote", "computed", "partial_tokens")
+        cells = [str(before.get(k, "")) for k in keys] + [str(after.get(k, "")) for k in keys]
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
     errors = {m: modes[m]["turns"]["num_errors"] + modes[m]["after_restart"]["num_errors"] for m in modes}
     lines += ["", f"Errors: {errors}", *multiturn_trace.markdown(modes), ""]

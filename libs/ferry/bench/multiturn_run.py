@@ -202,7 +202,8 @@ def _model_name(model: Path) -> str:
 
 
 async def _tier_stats(nats_url: str) -> dict:
-    """The prefill worker's admitted prompt blocks by tier, from `nats micro stats prefill-worker`."""
+    """The prefill worker's admitted prompt blocks by tier, from `nats micro stats prefill-worker`, and under
+    `partial_tokens` the tokens it copied from cached partial last blocks instead of computing them."""
     from ferry.bus import connect
 
     nc = await connect(nats_url, "ferry-bench")
@@ -212,7 +213,9 @@ async def _tier_stats(nats_url: str) -> dict:
         await nc.close()
     stats = json.loads(reply.data)
     work = next(e for e in stats["endpoints"] if e["name"] == "work")
-    return work["data"].get("prefix_blocks_by_tier", {})
+    tiers = dict(work["data"].get("prefix_blocks_by_tier", {}))
+    tiers["partial_tokens"] = work["data"].get("num_partial_hit_tokens", 0)
+    return tiers
 
 
 def _ratios(modes: dict) -> dict:
