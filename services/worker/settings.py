@@ -70,10 +70,10 @@ class WorkerSettings(ServiceSettings):
         default=2,
         ge=1,
         le=2,
-        description="pipelined roles (both): engine steps queued on the engine thread while the asyncio thread "
-        "handles the last one's outputs. 2: when a step ends the next is already queued, so the engine thread "
-        "never waits for a hop through the asyncio thread (~1 ms a step on 2 busy cores); an addition then "
-        "joins one step later. 1: each step is queued when the one before it returns",
+        description="pipelined roles (both, decode): engine steps queued on the engine thread while the asyncio "
+        "thread handles the last one's outputs. 2: when a step ends the next is already queued, so the engine thread "
+        "never waits for a hop through the asyncio thread (~1 ms a step on 2 busy cores); an addition or abort still "
+        "runs before the next step (compute.py). 1: each step is queued when the one before it returns",
     )
     loop_sched_batch_from: int = Field(
         default=4,
