@@ -201,24 +201,32 @@ def test_calls_from_bf16_rows_multiply_in_bf16_and_shorter_ones_keep_the_kernel(
     torch.testing.assert_close(via_bf16, long @ dequantize(qw).T + bias, atol=0.15, rtol=0.02)
 
 
+ROW_SETTINGS = [
+    ("FERRY_QUANT_BF16_FROM_ROWS", "_bf16_from_rows", 512),
+    ("FERRY_QUANT_BF16_COPY_FROM_ROWS", "_bf16_copy_from_rows", 24),
+]
+
+
+@pytest.mark.parametrize("name, reader, _", ROW_SETTINGS)
 @pytest.mark.parametrize("value", ["many", "-1", "1.5"])
-def test_a_bad_bf16_rows_setting_is_refused_by_name(monkeypatch, value):
-    from ferry.kernels.quant_linear import _bf16_from_rows
-
-    monkeypatch.setenv("FERRY_QUANT_BF16_FROM_ROWS", value)
-    with pytest.raises(ValueError, match="FERRY_QUANT_BF16_FROM_ROWS"):
-        _bf16_from_rows()
-
-
-@pytest.mark.parametrize("amx, expected", [(True, 512), (False, 0)])
-def test_bf16_rows_are_on_by_default_only_where_the_cpu_has_amx(monkeypatch, amx, expected):
+def test_a_bad_bf16_rows_setting_is_refused_by_name(monkeypatch, name, reader, _, value):
     from ferry.kernels import quant_linear as kernels
 
-    monkeypatch.delenv("FERRY_QUANT_BF16_FROM_ROWS", raising=False)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        getattr(kernels, reader)()
+
+
+@pytest.mark.parametrize("name, reader, with_amx", ROW_SETTINGS)
+@pytest.mark.parametrize("amx", [True, False])
+def test_bf16_rows_settings_are_on_by_default_only_where_the_cpu_has_amx(monkeypatch, name, reader, with_amx, amx):
+    from ferry.kernels import quant_linear as kernels
+
+    monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(kernels, "cpu_has_amx_bf16", lambda: amx)
-    assert kernels._bf16_from_rows() == expected
-    monkeypatch.setenv("FERRY_QUANT_BF16_FROM_ROWS", "0")
-    assert kernels._bf16_from_rows() == 0
+    assert getattr(kernels, reader)() == (with_amx if amx else 0)
+    monkeypatch.setenv(name, "0")
+    assert getattr(kernels, reader)() == 0
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -279,23 +287,3 @@ def test_bf16_copies_stay_within_their_memory_cap_and_a_freed_layer_gives_its_by
     again.backend = "cpu"
     again.prepack()
     assert again.bf16_copy is not None
-
-
-@pytest.mark.parametrize("value", ["many", "-1", "1.5"])
-def test_a_bad_bf16_copy_setting_is_refused_by_name(monkeypatch, value):
-    from ferry.kernels.quant_linear import _bf16_copy_from_rows
-
-    monkeypatch.setenv("FERRY_QUANT_BF16_COPY_FROM_ROWS", value)
-    with pytest.raises(ValueError, match="FERRY_QUANT_BF16_COPY_FROM_ROWS"):
-        _bf16_copy_from_rows()
-
-
-@pytest.mark.parametrize("amx, expected", [(True, 24), (False, 0)])
-def test_the_bf16_copy_is_on_by_default_only_where_the_cpu_has_amx(monkeypatch, amx, expected):
-    from ferry.kernels import quant_linear as kernels
-
-    monkeypatch.delenv("FERRY_QUANT_BF16_COPY_FROM_ROWS", raising=False)
-    monkeypatch.setattr(kernels, "cpu_has_amx_bf16", lambda: amx)
-    assert kernels._bf16_copy_from_rows() == expected
-    monkeypatch.setenv("FERRY_QUANT_BF16_COPY_FROM_ROWS", "0")
-    assert kernels._bf16_copy_from_rows() == 0

@@ -73,12 +73,16 @@ def cpu_has_amx_bf16() -> bool:
         return False
 
 
-def _bf16_from_rows() -> int:
-    default = "512" if cpu_has_amx_bf16() else "0"
-    raw = os.environ.get("FERRY_QUANT_BF16_FROM_ROWS", default).strip()
+def _rows_setting(name: str, with_amx: int, zero_means: str) -> int:
+    """A row-count setting from the environment: its default is `with_amx` on a CPU with AMX-BF16, else 0."""
+    raw = os.environ.get(name, str(with_amx if cpu_has_amx_bf16() else 0)).strip()
     if not raw.isdigit():
-        raise ValueError(f"FERRY_QUANT_BF16_FROM_ROWS={raw!r}: must be a row count (0: off)")
+        raise ValueError(f"{name}={raw!r}: must be a row count (0: {zero_means})")
     return int(raw)
+
+
+def _bf16_from_rows() -> int:
+    return _rows_setting("FERRY_QUANT_BF16_FROM_ROWS", 512, "off")
 
 
 BF16_FROM_ROWS = _bf16_from_rows()
@@ -95,11 +99,7 @@ the copy serves these calls instead (no per-call dequantization)."""
 
 
 def _bf16_copy_from_rows() -> int:
-    default = "24" if cpu_has_amx_bf16() else "0"
-    raw = os.environ.get("FERRY_QUANT_BF16_COPY_FROM_ROWS", default).strip()
-    if not raw.isdigit():
-        raise ValueError(f"FERRY_QUANT_BF16_COPY_FROM_ROWS={raw!r}: must be a row count (0: keep no bf16 copy)")
-    return int(raw)
+    return _rows_setting("FERRY_QUANT_BF16_COPY_FROM_ROWS", 24, "keep no bf16 copy")
 
 
 BF16_COPY_FROM_ROWS = _bf16_copy_from_rows()
