@@ -10,32 +10,20 @@ Shapes: 30 layers of fused qkv, o, fused gate/up, down, plus lm_head (49152 x 57
 import argparse
 import json
 import platform
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import torch
+from step_rows import LAYERS, SHAPES, best_of  # the same step, timed the same way
 
 from ferry.kernels.quant_linear import bf16_quant_matmul, dot_quant_matmul
 from ferry.kernels.quant_pack import pack_for_dot
 from ferry.kernels.quant_ref import dequantize, quantize
 from ferry.model import cpu_linear
 
-LAYERS = 30
-SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # [N, K]: qkv, o, gate_up, down
 LM_HEAD = (49152, 576)
 FP32_MAX_ROWS = 128
-
-
-def best_of(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
 
 
 def run_step(weights: list, xs: dict[int, torch.Tensor], matmul: Callable) -> None:
@@ -76,7 +64,7 @@ def main() -> None:
         for name, (weights, matmul) in columns.items():
             if name.startswith("fp32") and m > FP32_MAX_ROWS:
                 continue
-            row[name] = best_of(partial(run_step, weights, xs, matmul), 5 if m <= 128 else 2)
+            row[name] = best_of(partial(run_step, weights, xs, matmul), 5 if m <= 128 else 2) * 1e3
         rows_out.append(row)
         print(" ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
     if args.out:
