@@ -62,14 +62,20 @@ async def serve(client, request_id, prompt, sampling=GREEDY):
     return client.tokens[request_id]
 
 
-async def test_next_turn_finds_its_history_warmed_up(system, nc, client, tiny_model):
-    prefill, decode_worker = system.workers["prefill-t"], system.workers["decode-t"]
+async def collect_prefetches(nc, worker_id: str) -> list[KvPrefetch]:
+    """Every KvPrefetch sent to worker_id from now on, in arrival order."""
     prefetches: list[KvPrefetch] = []
 
     async def collect(msg) -> None:
         prefetches.append(decode(msg.data))
 
-    await nc.subscribe(subjects.kv_prefetch(prefill.worker_id), cb=collect)
+    await nc.subscribe(subjects.kv_prefetch(worker_id), cb=collect)
+    return prefetches
+
+
+async def test_next_turn_finds_its_history_warmed_up(system, nc, client, tiny_model):
+    prefill, decode_worker = system.workers["prefill-t"], system.workers["decode-t"]
+    prefetches = await collect_prefetches(nc, prefill.worker_id)
     output_1 = await serve(client, "turn-1", TURN_1, LONG)
     history = TURN_1 + output_1  # 114 tokens; the last one's KV is not computed
     await wait_until(
@@ -101,12 +107,7 @@ async def test_next_turn_finds_its_history_warmed_up(system, nc, client, tiny_mo
 
 async def test_a_partial_only_warm_up_names_the_block_its_next_turn_extends(system, nc, client, tiny_model):
     prefill, decode_worker = system.workers["prefill-t"], system.workers["decode-t"]
-    prefetches: list[KvPrefetch] = []
-
-    async def collect(msg) -> None:
-        prefetches.append(decode(msg.data))
-
-    await nc.subscribe(subjects.kv_prefetch(prefill.worker_id), cb=collect)
+    prefetches = await collect_prefetches(nc, prefill.worker_id)
     short = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     history = TURN_1 + await serve(client, "turn-1", TURN_1, short)  # 78 tokens: 77 computed, 4 full blocks
     hashes = hash_full_blocks(history[:-1], 16)
