@@ -1,5 +1,6 @@
 """The fused small ops of a CPU step (ferry.kernels.cpu_layers, C++ in csrc/cpu_layers.cpp) against plain
-torch: RMSNorm, SiLU-and-mul, rotary in place and the K/V write, on the strided views the model hands them."""
+torch: RMSNorm, SiLU-and-mul, rotary in place, the K/V write and the greedy argmax, on the strided views the
+model hands them."""
 
 from __future__ import annotations
 
@@ -101,3 +102,27 @@ def test_other_dtypes_and_the_switch_take_the_torch_path():
     plain = cpu_layers.rms_norm(x, weight, 1e-5, fused=False), cpu_layers.silu_and_mul(x, fused=False)
     for a, b in zip(fused, plain):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows,width", [(1, 49152), (7, 1000), (25, 49152), (3, 65)])
+def test_argmax_rows_equals_torch_argmax_with_ties_nans_and_infinities(rows, width):
+    """The same ids as torch.argmax on logits-like rows, strided rows included; ties go to the first index,
+    a NaN counts as the largest (the first NaN wins), an all -inf row picks 0, +inf beats everything."""
+    gen = torch.Generator().manual_seed(rows * 1000 + width)
+    x = _wide(rows, width, gen, 4.0)
+    special = [
+        lambda r: r.fill_(-float("inf")),
+        lambda r: r.__setitem__(slice(width // 3, None, width // 5 or 1), 50.0),  # a tie, first one wins
+        lambda r: r.__setitem__(width - 1, float("inf")),
+        lambda r: (r.__setitem__(width // 2, float("nan")), r.__setitem__(width - 1, float("nan"))),
+        lambda r: r.__setitem__(0, 99.0),
+        lambda r: r.__setitem__(width - 1, 99.0),
+    ]
+    for i in range(min(rows, len(special))):
+        special[i](x[i])
+    got = cpu_layers.argmax_rows(x)
+    assert got.dtype == torch.int64
+    assert got.tolist() == x.argmax(dim=-1).tolist()
+    assert cpu_layers.argmax_rows(x, fused=False).tolist() == got.tolist()
+    if rows > 1:  # each row alone: a row's pick never depends on its neighbours
+        assert [int(cpu_layers.argmax_rows(x[i : i + 1])[0]) for i in range(rows)] == got.tolist()

@@ -140,7 +140,12 @@ class LLMEngine(KvHandoff, KvTiers, SloHooks):
         states = [self._requests[batch.seqs[i].request_id] for i in rows]
         if len(rows) < len(batch.seqs):  # some rows are mid-prefill chunks: no token for them yet
             logits = logits[rows]
-        result = sample(logits, [s.sample_request() for s in states], self.generator)
+        result = sample(
+            logits,
+            [s.sample_request() for s in states],
+            self.generator,
+            fused=self.runner.attention_backend == "cpu",
+        )
         outputs = []
         for state, token_id, logprob in zip(states, result.token_ids, result.logprobs):
             outputs.append(state.append(token_id, logprob))

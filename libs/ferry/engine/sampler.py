@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ferry.kernels.cpu_layers import argmax_rows
 from ferry.protocol import SamplingParams, TokenLogprob
 
 
@@ -42,16 +43,20 @@ _SEED_MASK = (1 << 63) - 1
 
 
 def sample(
-    logits: torch.Tensor, requests: list[SampleRequest], generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    requests: list[SampleRequest],
+    generator: torch.Generator | None = None,
+    fused: bool = False,
 ) -> SampleResult:
-    """logits: [B, V] float32, one row per request."""
+    """logits: [B, V] float32, one row per request. fused: the model runs the 'cpu' backend, so the
+    greedy pick may use its C++ argmax (the same ids as torch.argmax)."""
     if all(_is_plain_greedy(r) for r in requests):  # the common serving case: one argmax, no copies
-        return SampleResult(logits.argmax(dim=-1).tolist(), [None] * len(requests))
+        return SampleResult(argmax_rows(logits, fused).tolist(), [None] * len(requests))
     raw = logits
     logits = logits.float().clone()  # [B, V]
     _apply_penalties(logits, requests)
     _block_tokens(logits, requests)
-    greedy_ids = logits.argmax(dim=-1)  # [B]
+    greedy_ids = argmax_rows(logits, fused)  # [B]
     random_rows = [i for i, r in enumerate(requests) if not r.sampling.is_greedy]
     if random_rows:
         rows = torch.tensor(random_rows, dtype=torch.int64).to(logits.device, non_blocking=True)

@@ -11,7 +11,8 @@ of up to CHUNK_MAX_TOKENS tokens on a cached context, unless it cannot be built;
 attention_ref.py runs. Longer chunks on a cached context (a new turn on a conversation's history) take
 attention_ref.chunk_attention up to CHUNK_MATMUL_MAX_TOKENS tokens, then gather + SDPA.
 The same build holds the step's small fused ops (cpu_layers.py: RMSNorm, SiLU-and-mul, rotary, the
-K/V write), which fall back to plain torch the same way; write_kv exported here is that dispatching one.
+K/V write, the greedy argmax), which fall back to plain torch the same way; write_kv exported here is
+that dispatching one.
 """
 
 from ferry.kernels.attention_ref import (

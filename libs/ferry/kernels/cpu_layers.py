@@ -1,5 +1,6 @@
 """The small fused ops of a CPU step (csrc/cpu_layers.cpp, built with the decode kernel in cpu_decode.py):
-RMSNorm, SiLU-and-mul, rotary embedding in place and the K/V write into the paged cache.
+RMSNorm, SiLU-and-mul, rotary embedding in place, the K/V write into the paged cache and the greedy
+pick over the vocabulary.
 
 Each is one pass over its rows where plain torch runs a chain of ops with temporaries. They take fp32
 activations on the CPU; for anything else (CUDA, bf16 activations, no compiler) or with fused=False
@@ -65,3 +66,11 @@ def write_kv(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tens
         torch.ops.ferry_cpu.write_kv(cache, slot_mapping.contiguous(), values)
         return
     attention_ref.write_kv(cache, slot_mapping, values)
+
+
+def argmax_rows(x: torch.Tensor, fused: bool = True) -> torch.Tensor:
+    """x [B, V] -> [B] int64, the first index of each row's largest value (a NaN counts as the largest),
+    exactly torch.argmax(x, dim=-1); vectorised where ATen's argmax is not."""
+    if fused and x.dim() == 2 and x.size(1) > 0 and fused_ops_usable(x):
+        return torch.ops.ferry_cpu.argmax_rows(x)
+    return x.argmax(dim=-1)
