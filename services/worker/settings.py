@@ -105,8 +105,9 @@ class WorkerSettings(ServiceSettings):
     )
     kv_cache_dtype: str = Field(
         default="",
-        description="KV cache dtype; '' = the model's. bfloat16 under an fp32 model halves KV memory "
-        "and CPU decode attention's reads; every worker of a deployment should use the same",
+        description="KV cache dtype; '' = the model's, except bfloat16 for int8/int4 weights on the CPU. "
+        "bfloat16 under an fp32 model halves KV memory and CPU decode attention's reads; every worker of a "
+        "deployment should use the same",
     )
     ep_size: int = Field(
         default=1,

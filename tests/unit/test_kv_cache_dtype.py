@@ -86,3 +86,19 @@ def test_bf16_cache_logits_stay_close_to_the_fp32_caches(arch, tmp_path):
     error = (logits[torch.bfloat16] - logits[torch.float32]).abs().max()
     assert error < 0.02 * scale, f"bf16 cache moved the logits by {error:.4f} (largest logit {scale:.3f})"
     assert torch.equal(logits[torch.bfloat16][0], logits[torch.float32][0])  # prefill reads no cached K/V
+
+
+def test_quantized_weights_on_the_cpu_default_to_a_bf16_cache_and_float32_opts_out(lm, tmp_path):
+    """Unset, the cache of an fp32 model with int8/int4 weights on the CPU is bf16 (its numerics are already
+    the codes'; decode attention reads half the bytes), with its own namespace; an fp32-weight model keeps
+    its own dtype, and an explicit 'float32' keeps fp32 under quantized weights."""
+    q = load_model(lm.path, weights_dtype="int8")
+    default = LLMEngine(q, EngineConfig(num_kv_blocks=8))
+    assert default.runner.kv.dtype == torch.bfloat16
+    assert default.kv_namespace == f"{q.fingerprint}-kv-bfloat16"
+    assert LLMEngine(lm, EngineConfig(num_kv_blocks=8)).runner.kv.dtype == torch.float32
+    opted_out = LLMEngine(q, EngineConfig(num_kv_blocks=8, kv_cache_dtype="float32"))
+    assert opted_out.runner.kv.dtype == torch.float32 and opted_out.kv_namespace == q.fingerprint
+    by_memory = LLMEngine(q, EngineConfig(kv_cache_memory_gb=0.01))
+    fp32_pool = LLMEngine(q, EngineConfig(kv_cache_memory_gb=0.01, kv_cache_dtype="float32"))
+    assert by_memory.block_manager.num_blocks // 2 == fp32_pool.block_manager.num_blocks  # the same GiB, floored

@@ -88,6 +88,23 @@ def all_position_logits(lm, ids: list[int]) -> torch.Tensor:
     return lm.model(torch.tensor(ids), torch.arange(len(ids)), meta, kv)
 
 
+def cached_decode_logits(lm, ids: list[int], kv_dtype: torch.dtype | None = None, prompt: int = 16) -> torch.Tensor:
+    """Teacher forcing through the KV cache, as serving reads it: a prefill of ids[:prompt], then one decode
+    step per following token of ids, each attending to the cache (of kv_dtype; None: the model's) ->
+    float32 logits [T - prompt, vocab] of the next token after positions prompt-1 .. T-2."""
+    from ferry.model import AttentionMetadata
+
+    num_blocks = -(-len(ids) // 16)
+    kv = lm.model.make_kv_cache(num_blocks=num_blocks, block_size=16, dtype=kv_dtype)
+    table = [list(range(num_blocks))]
+    meta = AttentionMetadata.build([prompt], [0], table, 16)
+    out = [lm.model(torch.tensor(ids[:prompt]), torch.arange(prompt), meta, kv)]
+    for pos in range(prompt, len(ids) - 1):
+        meta = AttentionMetadata.build([1], [pos], table, 16)
+        out.append(lm.model(torch.tensor(ids[pos : pos + 1]), torch.tensor([pos]), meta, kv))
+    return torch.cat(out)
+
+
 def agreement(ref: torch.Tensor, got: torch.Tensor) -> dict:
     """Next-token agreement of two [T, vocab] logits: argmax equal rate and mean KL(ref || got) in nats."""
     log_ref, log_got = ref.log_softmax(-1), got.log_softmax(-1)

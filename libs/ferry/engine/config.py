@@ -47,10 +47,11 @@ class EngineConfig:
     """How projection weights are held, one of WEIGHTS_DTYPES: 'auto' keeps the checkpoint's, float32 /
     bfloat16 set the model dtype, int8 / int4 quantize them group-wise at load (ferry.model.quant_linear)."""
     kv_cache_dtype: str | None = None
-    """dtype of the paged KV cache, one of KV_CACHE_DTYPES; None: the model's. 'bfloat16' under an fp32
-    model halves the memory per cached token and the bytes CPU decode attention reads (the fused kernel
-    widens rows in registers and still computes in fp32); keys and values are rounded to bf16 once, when
-    written. Blocks then live in their own KV-store namespace (LLMEngine.kv_namespace)."""
+    """dtype of the paged KV cache, one of KV_CACHE_DTYPES; None: the model's, except bfloat16 for an fp32
+    model with int8/int4 weights on the CPU (llm_engine.kv_dtype; 'float32' keeps fp32 there). 'bfloat16'
+    under an fp32 model halves the memory per cached token and the bytes CPU decode attention reads (the
+    fused kernel widens rows in registers and still computes in fp32); keys and values are rounded to bf16
+    once, when written. Blocks then live in their own KV-store namespace (LLMEngine.kv_namespace)."""
     host_cache_blocks: int = 0
     """Host tier: up to this many blocks evicted from the KV pool are kept in host memory (pinned on
     a GPU) and loaded back at admission instead of recomputed or fetched (engine/host_tier.py); 0 = off."""

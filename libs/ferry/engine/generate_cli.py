@@ -56,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kv-cache-dtype",
         choices=KV_CACHE_DTYPES,
         default=None,
-        help="KV cache dtype (default: the model's); bfloat16 halves KV memory and CPU decode "
-        "attention's reads, rounding keys and values once when written",
+        help="KV cache dtype (default: the model's, except bfloat16 for int8/int4 weights on the CPU); "
+        "bfloat16 halves KV memory and CPU decode attention's reads, rounding keys and values once when written",
     )
 
 
