@@ -122,40 +122,31 @@ inline vec4 sum4(vecf a, vecf b, vecf c, vecf d) {
 #endif
 }
 
-// Four dot products of one query row with four key rows.
-template <int kN, typename R>
-inline void dot4(const float* __restrict q, const R* const* rows, float* out) {
-  static_assert(kN > 0 && kN % kLanes == 0);
-  vecf acc[4] = {};
+// Four dot products of each of kQ query rows (heads of one KV head's group) with four key rows: each key
+// row is loaded once for all kQ. out[g][r] = q[g] . rows[r]. kQ <= kMaxQueryRows: the 4 * kQ partial sums,
+// the kQ query vectors and the key vector fit the registers (16 on AVX2: 2 rows; 32 on AVX-512: 3).
+constexpr int kMaxQueryRows = kLanes == 16 ? 3 : 2;
+template <int kN, int kQ, typename R>
+inline void dot4xq(const float* const* q, const R* const* rows, float* const* out) {
+  static_assert(kN > 0 && kN % kLanes == 0 && kQ >= 1 && kQ <= kMaxQueryRows);
+  vecf acc[kQ][4] = {};
 #pragma GCC unroll 16
   for (int64_t i = 0; i < kN; i += kLanes) {
-    const vecf qi = loadv(q + i);
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r) acc[r] += qi * loadv(rows[r] + i);
-  }
-  const vec4 s = sum4(acc[0], acc[1], acc[2], acc[3]);
-  for (int r = 0; r < 4; ++r) out[r] = s[r];
-}
-
-// dot4 for two query rows at once (the two heads of a KV head's group): each key row is loaded once
-// for both, and the 8 partial sums plus the two query vectors fit the 16 registers of AVX2.
-template <int kN, typename R>
-inline void dot4x2(const float* __restrict q0, const float* __restrict q1, const R* const* rows, float* out0,
-                   float* out1) {
-  static_assert(kN > 0 && kN % kLanes == 0);
-  vecf acc0[4] = {}, acc1[4] = {};
-#pragma GCC unroll 16
-  for (int64_t i = 0; i < kN; i += kLanes) {
-    const vecf a = loadv(q0 + i), b = loadv(q1 + i);
+    vecf qi[kQ];
+#pragma GCC unroll 3
+    for (int g = 0; g < kQ; ++g) qi[g] = loadv(q[g] + i);
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
       const vecf k = loadv(rows[r] + i);
-      acc0[r] += a * k;
-      acc1[r] += b * k;
+#pragma GCC unroll 3
+      for (int g = 0; g < kQ; ++g) acc[g][r] += qi[g] * k;
     }
   }
-  const vec4 s0 = sum4(acc0[0], acc0[1], acc0[2], acc0[3]), s1 = sum4(acc1[0], acc1[1], acc1[2], acc1[3]);
-  for (int r = 0; r < 4; ++r) out0[r] = s0[r], out1[r] = s1[r];
+#pragma GCC unroll 3
+  for (int g = 0; g < kQ; ++g) {
+    const vec4 s = sum4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+    for (int r = 0; r < 4; ++r) out[g][r] = s[r];
+  }
 }
 
 // Into L2 (and L3), not L1: rows are fetched several tiles ahead, more than L1 holds.
@@ -163,13 +154,12 @@ inline void prefetch_row(const char* row, int64_t bytes) {
   for (int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(row + byte, 0, 2);
 }
 
-// s0[j] = q0 . rows[j] over a tile, and s1[j] = q1 . rows[j] when q1 is given (the second head of a
-// pair: each key row is then read once for both); meanwhile prefetches the K and V rows in
-// ahead[2 * j], ahead[2 * j + 1] for j < num_ahead, spread over the loop rather than in one burst.
-template <int kD, typename R>
-inline void score_rows(const float* __restrict q0, const float* __restrict q1, const R* const* rows, int64_t n,
-                       int64_t dim, float* s0, float* s1, const char* const* ahead, int64_t num_ahead,
-                       int64_t k_bytes, int64_t v_bytes) {
+// s[g][j] = q[g] . rows[j] over a tile for kQ query rows (each key row read once for all of them);
+// meanwhile prefetches the K and V rows in ahead[2 * j], ahead[2 * j + 1] for j < num_ahead, spread over
+// the loop rather than in one burst.
+template <int kD, int kQ, typename R>
+inline void score_rows(const float* const* q, const R* const* rows, int64_t n, int64_t dim, float* const* s,
+                       const char* const* ahead, int64_t num_ahead, int64_t k_bytes, int64_t v_bytes) {
   int64_t j = 0;
   if constexpr (kD > 0 && kD % kLanes == 0) {
     for (; j + 4 <= n; j += 4) {
@@ -177,20 +167,17 @@ inline void score_rows(const float* __restrict q0, const float* __restrict q1, c
         prefetch_row(ahead[2 * a], k_bytes);
         prefetch_row(ahead[2 * a + 1], v_bytes);
       }
-      if (q1 != nullptr)
-        dot4x2<kD, R>(q0, q1, rows + j, s0 + j, s1 + j);
-      else
-        dot4<kD, R>(q0, rows + j, s0 + j);
+      float* out[kQ];
+      for (int g = 0; g < kQ; ++g) out[g] = s[g] + j;
+      dot4xq<kD, kQ, R>(q, rows + j, out);
     }
   }
   for (int64_t a = j; a < num_ahead; ++a) {
     prefetch_row(ahead[2 * a], k_bytes);
     prefetch_row(ahead[2 * a + 1], v_bytes);
   }
-  for (; j < n; ++j) {
-    s0[j] = dot<kD, R>(q0, rows[j], dim);
-    if (q1 != nullptr) s1[j] = dot<kD, R>(q1, rows[j], dim);
-  }
+  for (; j < n; ++j)
+    for (int g = 0; g < kQ; ++g) s[g][j] = dot<kD, R>(q[g], rows[j], dim);
 }
 
 // exp(x) for x <= 0 (scores minus their running max): 2^k * e^r with |r| <= ln2/2 and a degree-6

@@ -6,8 +6,8 @@
 // from an atomic counter inside at::parallel_for, so the kernel uses at most torch's thread count,
 // shares ATen's thread pool (no second OpenMP team competing for cores) and balances mixed lengths.
 // Hot loops hold machine-width float vectors in registers (GCC/Clang vector extensions: 16 lanes with
-// AVX-512, else 8; cpu_math.h) and take a KV head's query rows in pairs, so each K/V row is loaded once
-// per pair; the rest are `omp simd` loops (-fopenmp-simd: no OpenMP runtime). The softmax uses
+// AVX-512, else 8; cpu_math.h) and take a KV head's query rows three at a time on AVX-512 (two on AVX2:
+// what the registers hold), so each K/V row is loaded once per run of rows; the rest are `omp simd` loops (-fopenmp-simd: no OpenMP runtime). The softmax uses
 // our own vectorisable exp, and only reassociation is allowed, not -ffast-math: the online softmax
 // relies on -inf. The rows kAhead tiles ahead (into the next item's) are prefetched into L2 while
 // the current tile is computed.
@@ -138,57 +138,85 @@ inline void softmax_tile(float* __restrict sc, int64_t n, float* __restrict acc,
   }
 }
 
-// acc0[0..w) += sum_j p0[j] * rows[j][d0..d0+w), and the same for acc1 and p1 when acc1 is given (the
-// pair's second head: each value row is then read once for both). Full chunks of kChunk floats keep
-// their partial sums in registers across the tile's tokens (8 vectors for a pair, with the row and the
-// two weights: 11 of AVX2's 16 registers); a narrower remainder (w < kChunk) takes the plain loop.
+// acc[g][0..w) += sum_j p[g][j] * rows[j][d0..d0+w) for kQ query rows: each value row is read once for
+// all of them. Full chunks of kChunk floats keep their partial sums in registers across the tile's tokens
+// (4 vectors per query row, with the row and the kQ weights: 11 of AVX2's 16 registers for 2 rows, 16 of
+// AVX-512's 32 for 3); a narrower remainder (w < kChunk) takes the plain loop.
 constexpr int64_t kChunk = 4 * kLanes;
-template <typename R>
-inline void accumulate(float* __restrict acc0, float* __restrict acc1, const R* const* rows,
-                       const float* __restrict p0, const float* __restrict p1, int64_t n, int64_t d0, int64_t w) {
+template <int kQ, typename R>
+inline void accumulate(float* const* acc, const R* const* rows, const float* const* p, int64_t n, int64_t d0,
+                       int64_t w) {
   if (w == kChunk) {
-    vecf part0[4], part1[4];
+    vecf part[kQ][4];
+#pragma GCC unroll 3
+    for (int g = 0; g < kQ; ++g)
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      part0[c] = loadv(acc0 + c * kLanes);
-      part1[c] = acc1 != nullptr ? loadv(acc1 + c * kLanes) : vecf{};
-    }
-    if (acc1 != nullptr) {
-      for (int64_t j = 0; j < n; ++j) {
-        const R* vr = rows[j] + d0;
-        const vecf a = vecf{} + p0[j], b = vecf{} + p1[j];
+      for (int c = 0; c < 4; ++c) part[g][c] = loadv(acc[g] + d0 + c * kLanes);
+    for (int64_t j = 0; j < n; ++j) {
+      const R* vr = rows[j] + d0;
+      vecf a[kQ];
+#pragma GCC unroll 3
+      for (int g = 0; g < kQ; ++g) a[g] = vecf{} + p[g][j];
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) {
-          const vecf v = loadv(vr + c * kLanes);
-          part0[c] += a * v;
-          part1[c] += b * v;
-        }
-      }
-    } else {
-      for (int64_t j = 0; j < n; ++j) {
-        const R* vr = rows[j] + d0;
-        const vecf a = vecf{} + p0[j];
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) part0[c] += a * loadv(vr + c * kLanes);
+      for (int c = 0; c < 4; ++c) {
+        const vecf v = loadv(vr + c * kLanes);
+#pragma GCC unroll 3
+        for (int g = 0; g < kQ; ++g) part[g][c] += a[g] * v;
       }
     }
+#pragma GCC unroll 3
+    for (int g = 0; g < kQ; ++g)
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      storev(acc0 + c * kLanes, part0[c]);
-      if (acc1 != nullptr) storev(acc1 + c * kLanes, part1[c]);
-    }
+      for (int c = 0; c < 4; ++c) storev(acc[g] + d0 + c * kLanes, part[g][c]);
     return;
   }
   for (int64_t j = 0; j < n; ++j) {
     const R* __restrict vr = rows[j] + d0;
-    const float a = p0[j];
+    for (int g = 0; g < kQ; ++g) {
+      float* __restrict out = acc[g] + d0;
+      const float a = p[g][j];
 #pragma omp simd
-    for (int64_t d = 0; d < w; ++d) acc0[d] += a * to_float(vr[d]);
-    if (acc1 != nullptr) {
-      const float b = p1[j];
-#pragma omp simd
-      for (int64_t d = 0; d < w; ++d) acc1[d] += b * to_float(vr[d]);
+      for (int64_t d = 0; d < w; ++d) out[d] += a * to_float(vr[d]);
     }
+  }
+}
+
+// One tile for the kQ query rows from row g0 of the item's group: their scores (values = false), or
+// their weighted sums of the tile's value rows (values = true, after the softmax).
+template <int kD, int kQ, typename R>
+inline void rows_of_tile(Scratch<R>& s, int64_t g0, int64_t n, int64_t dim, int64_t dim_v, const char* const* ahead,
+                         int64_t num_ahead, int64_t k_bytes, int64_t v_bytes, bool values) {
+  const float* q[kQ];
+  float* sc[kQ];
+  float* acc[kQ];
+  for (int g = 0; g < kQ; ++g) {
+    q[g] = s.q.data() + (g0 + g) * dim;
+    sc[g] = s.scores.data() + (g0 + g) * kTile;
+    acc[g] = s.acc.data() + (g0 + g) * dim_v;
+  }
+  if (!values) {
+    score_rows<kD, kQ, R>(q, s.krows.data(), n, dim, sc, ahead, num_ahead, k_bytes, v_bytes);
+    return;
+  }
+  for (int64_t d0 = 0; d0 < dim_v; d0 += kChunk)
+    accumulate<kQ, R>(acc, s.vrows.data(), sc, n, d0, std::min(kChunk, dim_v - d0));
+}
+
+// Runs rows_of_tile over the whole group, kMaxQueryRows rows at a time (a shorter last run).
+template <int kD, typename R>
+inline void group_rows(Scratch<R>& s, int64_t group, int64_t n, int64_t dim, int64_t dim_v, const char* const* ahead,
+                       int64_t num_ahead, int64_t k_bytes, int64_t v_bytes, bool values) {
+  for (int64_t g = 0; g < group; g += kMaxQueryRows) {
+    const int64_t rows = std::min<int64_t>(kMaxQueryRows, group - g);
+    const int64_t pre = g == 0 ? num_ahead : 0;  // the first run prefetches for the whole tile
+    if constexpr (kMaxQueryRows >= 3) {
+      if (rows == 3) {
+        rows_of_tile<kD, 3, R>(s, g, n, dim, dim_v, ahead, pre, k_bytes, v_bytes, values);
+        continue;
+      }
+    }
+    if (rows == 2) rows_of_tile<kD, 2, R>(s, g, n, dim, dim_v, ahead, pre, k_bytes, v_bytes, values);
+    else rows_of_tile<kD, 1, R>(s, g, n, dim, dim_v, ahead, pre, k_bytes, v_bytes, values);
   }
 }
 
@@ -215,23 +243,11 @@ void attend(const Item& it, const Item* following, const CacheView<T>& k, const 
     const int64_t num_ahead = rows_ahead(ahead_item, k, v, bs, ahead_t0, s.ahead.data());
     tile_rows(it, k, bs, t0, n, s.krows.data(), s.kbuf.data());
     tile_rows(it, v, bs, t0, n, s.vrows.data(), s.vbuf.data());
-    // the group's query rows in pairs: each K and V row is read once per pair (a lone last row alone)
-    for (int64_t g = 0; g < group; g += 2) {
-      const bool pair = g + 1 < group;
-      float* sc = s.scores.data() + g * kTile;
-      score_rows<kD, R>(s.q.data() + g * dim, pair ? s.q.data() + (g + 1) * dim : nullptr, s.krows.data(), n, dim,
-                        sc, sc + kTile, s.ahead.data(), g == 0 ? num_ahead : 0, k_bytes, v_bytes);
-    }
+    // the group's query rows kMaxQueryRows at a time: each K and V row is read once per run of rows
+    group_rows<kD, R>(s, group, n, dim, dim_v, s.ahead.data(), num_ahead, k_bytes, v_bytes, false);
     for (int64_t g = 0; g < group; ++g)
       softmax_tile(s.scores.data() + g * kTile, n, s.acc.data() + g * dim_v, dim_v, s.max[g], s.sum[g]);
-    for (int64_t g = 0; g < group; g += 2) {
-      const bool pair = g + 1 < group;
-      float* acc = s.acc.data() + g * dim_v;
-      const float* sc = s.scores.data() + g * kTile;
-      for (int64_t d0 = 0; d0 < dim_v; d0 += kChunk)
-        accumulate(acc + d0, pair ? acc + dim_v + d0 : nullptr, s.vrows.data(), sc, sc + kTile, n, d0,
-                   std::min(kChunk, dim_v - d0));
-    }
+    group_rows<kD, R>(s, group, n, dim, dim_v, s.ahead.data(), 0, k_bytes, v_bytes, true);
   }
   for (int64_t g = 0; g < group; ++g) {
     const float inv = 1.f / s.sum[g];
