@@ -8,9 +8,9 @@
 // Hot loops hold machine-width float vectors in registers (GCC/Clang vector extensions: 16 lanes with
 // AVX-512, else 8; cpu_math.h) and take a KV head's query rows three at a time on AVX-512 (two on AVX2:
 // what the registers hold), so each K/V row is loaded once per run of rows; the rest are `omp simd`
-// loops (-fopenmp-simd: no OpenMP runtime). The softmax uses our own vectorisable exp, and only reassociation is allowed, not -ffast-math: the online softmax
-// relies on -inf. The rows kAhead tiles ahead (into the next item's) are prefetched into L2 while
-// the current tile is computed.
+// loops (-fopenmp-simd: no OpenMP runtime). The softmax uses our own vectorisable exp, and only
+// reassociation is allowed, not -ffast-math: the online softmax relies on -inf. The rows kAhead tiles
+// ahead (into the next item's) are prefetched into L2 while the current tile is computed.
 //
 // Python checks shapes, dtypes and devices first (ferry/kernels/cpu_decode.py); here, values that
 // only the data reveals (seq_lens vs the block table, block ids vs the cache) raise ValueError.
