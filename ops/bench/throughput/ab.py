@@ -34,6 +34,8 @@ from ferry.bench.http_client import CompletionCall
 from ferry.bench.online import OnlineConfig, detect_model, ids_to_text, run_phase
 from ferry.bench.throughput import burst
 from ferry.bench.workload import poisson_arrivals
+from ferry.model.config import read_config
+from ferry.model.source import resolve_model
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str], list[str]]:
@@ -48,7 +50,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, str], list[str]]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--model", required=True, help="checkpoint folder, .gguf file, or smollm2 (the default model)")
     p.add_argument("--variant", action="append", required=True, help="NAME=[K=V ...][|ferry up options]")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--bursts", type=int, default=2, help="bursts per server start (seeds 1..K)")
@@ -59,7 +61,8 @@ def main() -> int:
     p.add_argument("--json", type=Path, help="write every figure here")
     args = p.parse_args()
     variants = [parse_variant(v) for v in args.variant]
-    vocab = int(json.loads((args.model / "config.json").read_text())["vocab_size"])
+    args.model = resolve_model(args.model)
+    vocab = read_config(args.model).vocab_size
     flops = _flops(args.model) if args.flops else None
     names = [name for name, _, _ in variants] + (["engine"] if args.engine else [])
     results: dict[str, list[dict]] = {name: [] for name in names}
