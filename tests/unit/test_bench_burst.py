@@ -101,6 +101,16 @@ def test_a_peer_without_its_venv_is_refused_before_anything_runs(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_poisson_arrivals_are_for_the_http_systems_only_and_refused_before_anything_runs(tmp_path):
+    from ferry.bench.throughput import run
+
+    with pytest.raises(SystemExit, match=r"HTTP systems only \(drop engine, hf-static\)"):
+        run.main(["--out", str(tmp_path / "out"), "--systems", "engine,ferry-up,hf-static", "--rate", "3"])
+    with pytest.raises(SystemExit, match=r"--rate 0\.0: must be > 0"):
+        run.main(["--out", str(tmp_path / "out"), "--systems", "ferry-up", "--rate", "0"])
+    assert not (tmp_path / "out").exists()
+
+
 def test_greedy_texts_are_set_side_by_side_with_agreement():
     from ferry.bench.throughput.greedy import PROMPTS
 

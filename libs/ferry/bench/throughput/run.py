@@ -11,7 +11,9 @@
   hf-static       transformers' static batched `generate` (hf_static.py), the whole process timed
 
 plus the machine's dense matmul rate, measured in this run (the denominator of model FLOPs use).
-Writes throughput.json, throughput.md and throughput.png into --out.
+--rate R sends the HTTP systems' requests at seeded Poisson arrivals of R requests/s instead of all at once
+(another shape than the burst: TTFT near capacity); the engine and the offline systems have no arrivals and
+are refused with it. Writes throughput.json, throughput.md and throughput.png into --out.
 
     .venv/bin/python ops/bench/throughput/run.py --out ops/bench/throughput/reports/<name>
 """
@@ -34,7 +36,7 @@ from ferry.bench.compare import servers
 from ferry.bench.http_client import CompletionCall
 from ferry.bench.online import OnlineConfig, detect_model, ids_to_text, run_phase
 from ferry.bench.throughput import burst, greedy, peers, report
-from ferry.bench.workload import BURST_LENGTH_CONTROL
+from ferry.bench.workload import BURST_LENGTH_CONTROL, poisson_arrivals
 from ferry.model.config import read_config
 from ferry.model.source import resolve_model
 
@@ -51,6 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--systems", default=",".join(SYSTEMS), help="default %(default)s")
     p.add_argument("--num-requests", type=int, help="default: the burst's 48")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=math.inf,
+        help="HTTP systems only: Poisson arrivals of this many requests/s, seeded by --seed (default: all at once)",
+    )
     p.add_argument(
         "--ferry-up",
         action="append",
@@ -78,6 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     for peer in peers.PEERS:
         if peer in chosen and not getattr(args, f"{peer}_python"):
             raise SystemExit(f"--systems {peer} needs --{peer}-python (see ops/bench/throughput/README.md)")
+    timeless = [n for n in chosen if n in ("engine", "ferry-generate", "hf-static")]
+    if not math.isinf(args.rate) and (args.rate <= 0 or timeless):
+        raise SystemExit(
+            f"--rate {args.rate}: must be > 0 and applies to the HTTP systems only (drop {', '.join(timeless)})"
+            if timeless
+            else f"--rate {args.rate}: must be > 0 requests/s"
+        )
     variants = dict(_variant(v) for v in args.ferry_up)
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir = resolve_model(args.model) if args.model else _make_checkpoint()
@@ -113,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
         "checkpoint": str(model_dir),
-        "workload": f"burst: {len(requests)} requests at once, seed {args.seed}, prompts {min(lengths)}.."
+        "workload": f"burst: {len(requests)} requests "
+        + ("at once" if math.isinf(args.rate) else f"at Poisson arrivals of {args.rate:g}/s")
+        + f", seed {args.seed}, prompts {min(lengths)}.."
         f"{max(lengths)} tokens (total {sum(lengths)}), max_tokens {sorted({r.max_tokens for r in requests})}, "
         "greedy, no ignore_eos",
         "ferry_up_variants": variants,
@@ -236,7 +253,8 @@ def _http(name: str, extra: list[str] | None, args, model_dir: Path, requests, f
             CompletionCall(r.index, ids_to_text(r.prompt_token_ids), r.max_tokens, len(r.prompt_token_ids))
             for r in requests
         ]
-        phase = asyncio.run(run_phase(calls, [0.0] * len(calls), config, "burst", math.inf))
+        arrivals = poisson_arrivals(len(calls), args.rate, args.seed)
+        phase = asyncio.run(run_phase(calls, arrivals, config, "burst", args.rate))
         texts = greedy.greedy_texts(server.base_url, config.model) if args.greedy_texts else None
     finally:
         servers.stop(server)
