@@ -87,12 +87,14 @@ async def serve(settings: WorkerSettings) -> int:
     compute = ComputeThread()
     engine = await compute.load(build_engine, settings)  # on the thread that will run every step
     log.info(
-        "%s worker %s: model %s (%s), %d KV blocks, %d rank(s)",
+        "%s worker %s: model %s (%s), weights %s, %d KV blocks of %s, %d rank(s)",
         settings.role,
         settings.worker_id,
         settings.model,
         engine.kv_namespace,
+        engine.lm.weights_dtype,
         engine.stats().kv_blocks_total,
+        engine.kv_cache_dtype,
         settings.ep_size,
     )
     transport = RedisTransport(settings.redis_url)

@@ -94,7 +94,7 @@ def test_quantized_weights_on_the_cpu_default_to_a_bf16_cache_and_float32_opts_o
     its own dtype, and an explicit 'float32' keeps fp32 under quantized weights."""
     q = load_model(lm.path, weights_dtype="int8")
     default = LLMEngine(q, EngineConfig(num_kv_blocks=8))
-    assert default.runner.kv.dtype == torch.bfloat16
+    assert default.runner.kv.dtype == torch.bfloat16 and default.kv_cache_dtype == "bfloat16"
     assert default.kv_namespace == f"{q.fingerprint}-kv-bfloat16"
     assert LLMEngine(lm, EngineConfig(num_kv_blocks=8)).runner.kv.dtype == torch.float32
     opted_out = LLMEngine(q, EngineConfig(num_kv_blocks=8, kv_cache_dtype="float32"))

@@ -93,6 +93,11 @@ class LLMEngine(KvHandoff, KvTiers, SloHooks):
         return f"{self.lm.fingerprint}-kv-{str(kv_dtype).removeprefix('torch.')}"
 
     @property
+    def kv_cache_dtype(self) -> str:
+        """The KV pool's dtype, as named in EngineConfig ('float32', 'bfloat16', ...)."""
+        return str(self.runner.kv.dtype).removeprefix("torch.")
+
+    @property
     def tokenizer(self):
         return self.lm.tokenizer
 

@@ -186,6 +186,10 @@ class GroupEngine:
         return self.local.kv_namespace
 
     @property
+    def kv_cache_dtype(self) -> str:
+        return self.local.kv_cache_dtype
+
+    @property
     def tokenizer(self) -> Any:
         return self.local.tokenizer
 
