@@ -3,14 +3,20 @@
 what KV there is, the role says where from, then `joining.join` on the engine thread) and what the
 ledger decided is carried out (`apply`: aborts on the engine thread, acks and naks on JetStream).
 Part of `Worker` (base.py).
+
+`accept` never waits for the engine thread: the pull loop takes the next message while the step in
+flight runs (a prefill step can take 100s of ms), so a message that arrives meanwhile has its KV
+fetched and its addition queued before that step ends, and joins the next step instead of the one
+after it (issue #21: the pull waited behind the previous message's addition, up to a whole step).
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from ferry.bus import WorkItem, trace
@@ -46,14 +52,24 @@ class Admission(abc.ABC):
     has_work: asyncio.Event
     window: AdmissionWindow
     arrivals: asyncio.Event
+    has_room: asyncio.Event
+    settings: Any
     spawn: Callable[[Coroutine[Any, Any, Any]], None]
     publish_error: Callable[[GenerateRequest, str, str, bool], Awaitable[None]]
 
+    num_joining_tokens: int = 0
+    """In-order roles: prompt tokens pulled whose addition has not run on the engine thread yet, less
+    the blocks the balancer hinted cached; the engine's own count (`num_queued_prefill_tokens`) takes
+    them over once added. The pull budget counts them (prefill.py), as the pull no longer waits for them."""
+    _last_batch_queued: asyncio.Future | None = None
+    """In-order roles: set once the last accepted batch's additions are queued; the next batch's wait for it."""
+
     async def accept(self, items: list[WorkItem]) -> None:
         """Every pulled message enters here, a fetched batch at a time: the ledger decides each in
-        pull order, then the new ones are admitted. In-order roles (prefill) fetch their KV one by one,
-        then queue every addition on the engine thread before the next step can be queued: a burst's
-        prompts are prefilled together, in steps of up to max_batch_tokens, not one step per prompt."""
+        pull order, then the new ones are admitted, without waiting for the engine (module docstring).
+        In-order roles (prefill) fetch a batch's KV side by side, then queue its additions on the
+        engine thread together and after the previous batch's: a burst's prompts are prefilled
+        together, in steps of up to max_batch_tokens, in the order pulled, not one step per prompt."""
         works = [item.msg for item in items if await self._is_new(item)]
         self.window.pulled([work.request.request_id for work in works], items[-1].num_pending if items else 0)
         self.arrivals.set()
@@ -61,13 +77,46 @@ class Admission(abc.ABC):
             for work in works:
                 self.spawn(self.admit(work))
             return
+        if not works:
+            return
+        fetches = [asyncio.ensure_future(self.fetch_kv(work)) for work in works]  # started now, off this loop
+        after, self._last_batch_queued = self._last_batch_queued, asyncio.get_running_loop().create_future()
+        self.spawn(self._admit_in_pull_order(works, fetches, after, self._last_batch_queued))
+
+    async def _admit_in_pull_order(
+        self, works: list[Any], fetches: Sequence[asyncio.Future], after: asyncio.Future | None, queued: asyncio.Future
+    ) -> None:
+        """`accept`'s in-order admissions of one batch, spawned: its KV, then its additions queued behind
+        the previous batch's (`after`), then `queued` set; then the additions' outcomes."""
+        joining = [self._joining_tokens(work) for work in works]
+        self.num_joining_tokens += sum(joining)
+        admissions: list[asyncio.Future] = []
         try:
-            kvs = [await self.fetch_kv(work) for work in works]
-            # gather starts the admissions in order; each queues its addition before it first waits
-            await asyncio.gather(*(self.admit(work, kv) for work, kv in zip(works, kvs)))
-        finally:  # none is left counted as on its way (window.py), whatever happened to it
-            for work in works:
-                self._no_longer_arriving(work.request)
+            kvs = await asyncio.gather(*fetches)
+            if after is not None:
+                await asyncio.wait([after])
+            # tasks start in the order created, and each queues its addition before it first waits;
+            # `queued` wakes the next batch only after them (asyncio runs ready callbacks first in, first out)
+            for work, kv, num_tokens in zip(works, kvs, joining):
+                admission = asyncio.ensure_future(self.admit(work, kv))
+                admission.add_done_callback(functools.partial(self._joined_tokens, num_tokens))
+                admissions.append(admission)
+        finally:
+            queued.set_result(None)
+            if not admissions:  # its KV fetch failed (or this task was cancelled): none will be added
+                self._joined_tokens(sum(joining))
+                for work in works:  # none is left counted as on its way (window.py)
+                    self._no_longer_arriving(work.request)
+        await asyncio.gather(*admissions)
+
+    def _joining_tokens(self, work: Any) -> int:
+        """Tokens `work` will add to the engine's prefill queue, as far as known before its KV is fetched."""
+        return max(0, len(work.request.all_token_ids) - work.num_cached_blocks_hint * self.settings.block_size)
+
+    def _joined_tokens(self, num_tokens: int, _: object = None) -> None:
+        """`num_tokens` joined the engine or will not (also an admission's done callback: `_` is its future)."""
+        self.num_joining_tokens -= num_tokens
+        self.has_room.set()  # a pull loop that found the budget spent looks again
 
     async def _is_new(self, item: WorkItem) -> bool:
         request = item.msg.request

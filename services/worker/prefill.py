@@ -80,7 +80,7 @@ class PrefillWorker(Worker):
         await super().on_cancel(cancel)
 
     def pull_budget(self) -> int:
-        if self.compute.stats.num_queued_prefill_tokens >= self.settings.max_batch_tokens:
+        if self.compute.stats.num_queued_prefill_tokens + self.num_joining_tokens >= self.settings.max_batch_tokens:
             return 0  # the next steps are full already: leave the rest to less busy workers
         return super().pull_budget()
 

@@ -1,10 +1,14 @@
 """The admission window (services/worker/window.py) on a real both-roles worker over nats-server: a
 burst queued in JetStream, pulled one message at a time (as it trickles in over HTTP), is prefilled in
-one engine step; without the window the first step runs the first prompt alone."""
+one engine step; without the window the first step starts before the rest have arrived. And the pull loop
+does not wait for the engine (admission.py): messages that arrive while a long step runs are pulled
+and their additions queued before it ends, so they all join the next step."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 
 import pytest
 from waiting import wait_until
@@ -29,49 +33,103 @@ def tiny_model(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("tiny") / "tiny", "llama", "tiny")
 
 
-@pytest.mark.parametrize(("window_ms", "first_step_seqs"), [(500.0, NUM_REQUESTS), (0.0, 1)])
-async def test_a_burst_pulled_one_by_one_is_prefilled_together(
-    nc, redis_url, tiny_model, monkeypatch, window_ms, first_step_seqs
-):
-    monkeypatch.setattr(pulling, "MAX_FETCH", 1)  # one message per pull: the burst arrives one by one
+@contextlib.asynccontextmanager
+async def both_worker(nc, redis_url, tiny_model, worker_id: str, window_ms: float = 20.0):
+    """A both-roles worker, started (consumer open) but its loops not running yet."""
     settings = WorkerSettings(
         role="both",
         model=str(tiny_model),
-        worker_id="window-t",
+        worker_id=worker_id,
         redis_url=redis_url,
         num_kv_blocks=64,
         max_running=8,
         kv_writeback=False,
         admission_window_ms=window_ms,
     )
-    js = nc.jetstream()
-    await ensure_work_stream(js)
+    await ensure_work_stream(nc.jetstream())
     engine = await asyncio.to_thread(build_engine, settings)
     transport = RedisTransport(redis_url)
     worker = make_worker(nc, settings, engine, KvStore(transport, engine.kv_namespace))
     await worker.start()
-    step_sizes: list[int] = []
-    finished: set[str] = set()
-    step = worker.step
+    try:
+        yield worker
+    finally:
+        worker.compute.close()
+        await transport.close()
 
-    def recorded_step():  # on the engine thread
-        outputs = step()
-        if outputs:
-            step_sizes.append(engine.last_step.num_seqs)
-        finished.update(out.request_id for out in outputs if out.finish_reason is not None)
-        return outputs
 
-    worker.step = recorded_step
-    for i in range(NUM_REQUESTS):  # queued before the worker pulls: the first pull sees the rest behind it
-        request = GenerateRequest(f"w{i}", "gw-window", "tiny", list(range(3, 12 + i)), SAMPLING)
-        await publish_work(js, "prefill", "window-t", PrefillWork(request))
+@contextlib.asynccontextmanager
+async def running(worker):
     tasks = [asyncio.create_task(loop) for loop in worker.background()]
     try:
-        await wait_until(lambda: len(finished) == NUM_REQUESTS, "every request finished", 30)
-        assert step_sizes[0] == first_step_seqs
+        yield
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        worker.compute.close()
-        await transport.close()
+
+
+def work(request_id: str, prompt_len: int, sampling: SamplingParams = SAMPLING) -> PrefillWork:
+    return PrefillWork(GenerateRequest(request_id, "gw-window", "tiny", list(range(3, 3 + prompt_len)), sampling))
+
+
+@pytest.mark.parametrize(("window_ms", "is_together"), [(500.0, True), (0.0, False)])
+async def test_a_burst_pulled_one_by_one_is_prefilled_together(
+    nc, redis_url, tiny_model, monkeypatch, window_ms, is_together
+):
+    monkeypatch.setattr(pulling, "MAX_FETCH", 1)  # one message per pull: the burst arrives one by one
+    async with both_worker(nc, redis_url, tiny_model, "window-t", window_ms) as worker:
+        step_sizes: list[int] = []
+        finished: set[str] = set()
+        step = worker.step
+
+        def recorded_step():  # on the engine thread
+            outputs = step()
+            if outputs:
+                step_sizes.append(worker.engine.last_step.num_seqs)
+            finished.update(out.request_id for out in outputs if out.finish_reason is not None)
+            return outputs
+
+        worker.step = recorded_step
+        for i in range(NUM_REQUESTS):  # queued before the worker pulls: the first pull sees the rest behind it
+            await publish_work(nc.jetstream(), "prefill", "window-t", work(f"w{i}", 9 + i))
+        async with running(worker):
+            await wait_until(lambda: len(finished) == NUM_REQUESTS, "every request finished", 30)
+        # without the window the first step is queued once the first prompt's addition is: the
+        # others, pulled one by one meanwhile (the pull loop does not wait for it), join some of it at most
+        assert (step_sizes[0] == NUM_REQUESTS) is is_together
+
+
+async def test_messages_that_arrive_during_a_long_step_join_the_next_one(nc, redis_url, tiny_model):
+    """'a' runs alone in a step held on the engine thread (a long prefill); 'b' and then 'c' arrive one
+    after the other meanwhile. Both are pulled and their additions queued before that step ends (the
+    pull loop once waited for 'b's addition, so 'c' was pulled only after the step, and joined one step
+    later whenever the engine had already started the next), and both make their first token in the next step."""
+    js = nc.jetstream()
+    async with both_worker(nc, redis_url, tiny_model, "pull-t") as worker:
+        in_step, release = threading.Event(), threading.Event()
+        step_outputs: list[set[str]] = []
+        step = worker.step
+
+        def held_step():  # on the engine thread: the first step is held until released
+            if not step_outputs:
+                in_step.set()
+                assert release.wait(30)
+            outputs = step()
+            step_outputs.append({out.request_id.split("@")[0] for out in outputs})  # engine ids: '<request>@<attempt>'
+            return outputs
+
+        worker.step = held_step
+        async with running(worker):
+            await publish_work(js, "prefill", "pull-t", work("a", 20))
+            await wait_until(in_step.is_set, "'a''s step started", 30)
+            await publish_work(js, "prefill", "pull-t", work("b", 11))
+            await wait_until(lambda: "b" in worker.ledger and worker.num_adding == 1, "'b' pulled and queued", 10)
+            await publish_work(js, "prefill", "pull-t", work("c", 13))
+            await wait_until(lambda: "c" in worker.ledger, "'c' pulled during the step", 10)
+            await wait_until(lambda: worker.num_adding == 2, "'c''s addition queued during the step", 10)
+            assert not step_outputs  # the step is still in flight
+            release.set()
+            await wait_until(lambda: len(step_outputs) >= 2, "two steps ran", 30)
+        assert step_outputs[0] == {"a"}
+        assert {"b", "c"} <= step_outputs[1]
