@@ -17,6 +17,9 @@
 // Threads split the column blocks (at::parallel_for); a pass holds kRows rows' accumulators in registers, so
 // the weights of batch 1-8 are read once (AVX-512) and more rows re-read a block's codes from L1/L2.
 //
+// On CPUs with AMX-INT8, calls of amx_from_rows rows or more get their int32 sums from tiles instead
+// (quant_dot_amx.h), with the same result bit for bit.
+//
 // quant_linear.cpp's float path (weights dequantized in registers, fp32 activations) stays beside it: the
 // wrapper (quant_linear.py) chooses by row count. On machines without AVX2 this file defines the op but
 // quant_dot_isa() returns "" and the wrapper never calls it.
@@ -29,6 +32,7 @@
 #include "cpu_math.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -335,6 +339,7 @@ at::Tensor quant_dot_linear(const at::Tensor& x, const at::Tensor& codes, const 
   float* o = out.data_ptr<float>();
 #if defined(FERRY_AMX_INT8_BUILT)
   if (amx_from_rows > 0 && m_rows >= amx_from_rows && amx_int8_usable()) {
+    amx_calls.fetch_add(1, std::memory_order_relaxed);
     if (bits == 8)
       digits == 2 ? run_amx<8, 2>(p, q, m_rows, n, o) : run_amx<8, 1>(p, q, m_rows, n, o);
     else
@@ -355,6 +360,7 @@ at::Tensor quant_dot_linear(const at::Tensor& x, const at::Tensor& codes, const 
 TORCH_LIBRARY_FRAGMENT(ferry_cpu, m) {
   m.def("quant_dot_isa() -> str", &quant_dot_isa);
   m.def("quant_dot_amx() -> bool", &amx_int8_usable);
+  m.def("quant_dot_amx_calls() -> int", [] { return amx_calls.load(); });
   m.def(
       "quant_dot_linear(Tensor x, Tensor codes, Tensor scales, Tensor offsets, int bits, int group_size, int n, "
       "int digits, int amx_from_rows=0) -> Tensor",

@@ -7,11 +7,14 @@
 //            per row): pack_for_dot's int8 codes are that layout already (loaded in place), int4 codes are
 //            split into their low / high nibbles into a 512-byte buffer first (pack_for_dot puts inputs
 //            8i..8i+3 in the low and 8i+4..8i+7 in the high nibbles: rows 2i and 2i + 1);
-//   C tiles: [rows, 16] int32, one per (digit, block), zeroed per chunk (the activation scale is per chunk, so
-//            K per tile op is 32 and the sums leave the tiles every chunk).
-// Two column blocks per pass share the A tiles (8 tiles: 2 digits of A, 2 B, 4 C). The epilogue (vector code)
-// of chunk c runs after the tile ops of chunk c + 1 are issued, into the other half of a double buffer, so the
-// tile unit and the vector units overlap. Linux hands a process the tile state only after
+//   C tiles: [rows, 16] int32, one per digit, zeroed per chunk (the activation scale is per chunk, so K per
+//            tile op is 32 and the sums leave the tiles every chunk: stored, then scaled by vector code).
+// A pass is one 16-column block and up to 16 rows, its fp32 accumulators in registers (the row count a template
+// constant). Chunk c + 1's tile products are issued before chunk c's epilogue and stored after it, so the tile
+// unit works while the vector units scale. Measured on a 2-core Xeon (ops/bench/quant/amx_rows.py), a whole
+// SmolLM2 step's int4 matmuls: ~20% under the VNNI loop from 8 to 16 rows, ~0-10% from 17 to 23 (a second row
+// pass repeats every tile op), and slower at 1-4 rows, where each chunk's fixed tile latency (~5 tile ops
+// in a chain) outweighs 16 vpdpbusd a row: hence quant_linear.py's AMX_INT8_FROM_ROWS. Linux hands a process the tile state only after
 // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): asked once per process; where it is refused, or cpuid
 // lacks AMX-TILE / AMX-INT8, amx_int8_usable() is false and the VNNI kernel runs.
 //
@@ -37,6 +40,8 @@ bool amx_int8_usable() {
   return usable;
 }
 
+std::atomic<int64_t> amx_calls{0};  // calls that took the tiles (the tests' proof that the path ran)
+
 constexpr int kAmxRows = 16;  // rows of a tile: activation rows per pass
 constexpr int kBRows = kChunk / 4;  // B tile rows: 4 inputs each
 
@@ -46,12 +51,12 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// tmm0 / tmm1: A (digit 1 / 2); tmm2 / tmm3: B (block 0 / 1); tmm4 + 2 * block + digit: C.
+// tmm0 / tmm1: A (digit 1 / 2); tmm2: B; tmm4 / tmm5: C (digit 1 / 2).
 FERRY_AMX_TARGET inline void configure_tiles(int rows) {
   TileConfig cfg;
   for (int t : {0, 1}) cfg.rows[t] = rows, cfg.colsb[t] = kChunk;
-  for (int t : {2, 3}) cfg.rows[t] = kBRows, cfg.colsb[t] = 64;
-  for (int t : {4, 5, 6, 7}) cfg.rows[t] = rows, cfg.colsb[t] = kCols * 4;
+  cfg.rows[2] = kBRows, cfg.colsb[2] = 64;
+  for (int t : {4, 5}) cfg.rows[t] = rows, cfg.colsb[t] = kCols * 4;
   _tile_loadconfig(&cfg);
 }
 
@@ -73,103 +78,90 @@ inline const uint8_t* b_tile(const DotPacked& p, int64_t block, int64_t c, uint8
   return buf;
 }
 
-// Sums of one chunk c for `rows` rows (A tiles loaded by the caller) and blocks `block` (and block + 1 when pair),
-// stored to sums[block][digit][row][column].
+// Chunk c's products into tmm4 (and tmm5): A from the digits' rows at a1 / a2, B from block's codes.
 template <int kBits, int kDigits>
-FERRY_AMX_TARGET inline void tile_sums(const DotPacked& p, const QuantRows& x, int64_t row0, int64_t block, bool pair,
-                                       int64_t c, uint8_t (*bbuf)[kBRows * 64], int32_t (*sums)[2][kAmxRows][kCols]) {
-  const int8_t* a = x.q1.data() + row0 * p.k + c * kChunk;
-  _tile_loadd(0, a, p.k);
-  if constexpr (kDigits == 2) _tile_loadd(1, x.q2.data() + row0 * p.k + c * kChunk, p.k);
-  _tile_loadd(2, b_tile<kBits>(p, block, c, bbuf[0]), 64);
+FERRY_AMX_TARGET inline void block_dp(const DotPacked& p, const int8_t* a1, const int8_t* a2, int64_t block, int64_t c,
+                                      uint8_t* bbuf) {
+  _tile_loadd(0, a1 + c * kChunk, p.k);
+  if constexpr (kDigits == 2) _tile_loadd(1, a2 + c * kChunk, p.k);
+  _tile_loadd(2, b_tile<kBits>(p, block, c, bbuf), 64);
   _tile_zero(4);
   _tile_dpbsud(4, 0, 2);
   if constexpr (kDigits == 2) {
     _tile_zero(5);
     _tile_dpbsud(5, 1, 2);
   }
-  if (pair) {
-    _tile_loadd(3, b_tile<kBits>(p, block + 1, c, bbuf[1]), 64);
-    _tile_zero(6);
-    _tile_dpbsud(6, 0, 3);
-    if constexpr (kDigits == 2) {
-      _tile_zero(7);
-      _tile_dpbsud(7, 1, 3);
-    }
-  }
-  _tile_stored(4, sums[0][0], kCols * 4);
-  if constexpr (kDigits == 2) _tile_stored(5, sums[0][1], kCols * 4);
-  if (pair) {
-    _tile_stored(6, sums[1][0], kCols * 4);
-    if constexpr (kDigits == 2) _tile_stored(7, sums[1][1], kCols * 4);
-  }
 }
 
-// acc[b][m] += chunk c's sums scaled, exactly as block_rows in quant_dot.cpp does it.
-template <int kBits, int kDigits>
-inline void scale_sums(const DotPacked& p, const QuantRows& x, int64_t row0, int rows, int64_t block, int blocks,
-                       int64_t c, const int32_t (*sums)[2][kAmxRows][kCols], float (*acc)[kAmxRows][kCols]) {
-  const int64_t chunks = p.k / kChunk, groups = p.k / p.group_size, g = c / (p.group_size / kChunk);
-  for (int b = 0; b < blocks; ++b) {
-    const __m512 scale = _mm512_loadu_ps(p.scales + ((block + b) * groups + g) * kCols);
-    const __m512 offset = kBits == 4 ? _mm512_loadu_ps(p.offsets + ((block + b) * groups + g) * kCols) : scale;
-    for (int m = 0; m < rows; ++m) {
-      const int64_t rc = (row0 + m) * chunks + c;
-      __m512i s = _mm512_load_si512(sums[b][0][m]);
-      if constexpr (kDigits == 2) s = _mm512_add_epi32(_mm512_slli_epi32(s, 8), _mm512_load_si512(sums[b][1][m]));
-      if constexpr (kBits == 8) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * x.sum[rc]));
-      __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(x.scale[rc]), scale),
-                                 _mm512_load_ps(acc[b][m]));
-      if constexpr (kBits == 4) a = _mm512_fmadd_ps(_mm512_set1_ps(x.scaled_sum[rc]), offset, a);
-      _mm512_store_ps(acc[b][m], a);
-    }
-  }
+template <int kDigits>  // the C tiles to sums[digit][row][column]
+FERRY_AMX_TARGET inline void block_store(int32_t (*sums)[kAmxRows][kCols]) {
+  _tile_stored(4, sums[0], kCols * 4);
+  if constexpr (kDigits == 2) _tile_stored(5, sums[1], kCols * 4);
 }
 
-// out[row0 .. row0 + rows, columns of block (and block + 1)]; the caller configured the tiles for `rows`.
-template <int kBits, int kDigits>
-FERRY_AMX_TARGET void amx_pass(const DotPacked& p, const QuantRows& x, int64_t row0, int rows, int64_t block,
-                               int blocks, float* out, int64_t n) {
-  alignas(64) uint8_t bbuf[2][kBRows * 64];
-  alignas(64) int32_t sums[2][2][2][kAmxRows][kCols];  // [chunk parity][block][digit][row][column]
-  alignas(64) float acc[2][kAmxRows][kCols] = {};
-  const int64_t chunks = p.k / kChunk;
-  const bool pair = blocks == 2;
-  tile_sums<kBits, kDigits>(p, x, row0, block, pair, 0, bbuf, sums[0]);
+// out[row0 .. row0 + R, block's columns], exactly as block_rows in quant_dot.cpp computes them; the caller
+// configured the tiles for R rows.
+template <int kBits, int kDigits, int R>
+FERRY_AMX_TARGET void amx_block(const DotPacked& p, const QuantRows& x, int64_t row0, int64_t block, float* out,
+                                int64_t n) {
+  alignas(64) uint8_t bbuf[kBRows * 64];
+  alignas(64) int32_t sums[2][kAmxRows][kCols];
+  const int64_t chunks = p.k / kChunk, groups = p.k / p.group_size, per_group = p.group_size / kChunk;
+  const int8_t* a1 = x.q1.data() + row0 * p.k;
+  const int8_t* a2 = kDigits == 2 ? x.q2.data() + row0 * p.k : nullptr;
+  const float* scales = p.scales + block * groups * kCols;
+  const float* offsets = kBits == 4 ? p.offsets + block * groups * kCols : nullptr;
+  __m512 acc[R];
+  for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
+  block_dp<kBits, kDigits>(p, a1, a2, block, 0, bbuf);
+  block_store<kDigits>(sums);
   for (int64_t c = 0; c < chunks; ++c) {
-    if (c + 1 < chunks) tile_sums<kBits, kDigits>(p, x, row0, block, pair, c + 1, bbuf, sums[(c + 1) & 1]);
-    scale_sums<kBits, kDigits>(p, x, row0, rows, block, blocks, c, sums[c & 1], acc);
+    if (c + 1 < chunks) block_dp<kBits, kDigits>(p, a1, a2, block, c + 1, bbuf);  // in flight during the epilogue
+    const int64_t g = c / per_group;
+    const __m512 scale = _mm512_loadu_ps(scales + g * kCols);
+    for (int m = 0; m < R; ++m) {
+      const int64_t rc = (row0 + m) * chunks + c;
+      __m512i s = _mm512_load_si512(sums[0][m]);
+      if constexpr (kDigits == 2) s = _mm512_add_epi32(_mm512_slli_epi32(s, 8), _mm512_load_si512(sums[1][m]));
+      if constexpr (kBits == 8) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * x.sum[rc]));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(x.scale[rc]), scale), acc[m]);
+      if constexpr (kBits == 4)
+        acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(x.scaled_sum[rc]), _mm512_loadu_ps(offsets + g * kCols), acc[m]);
+    }
+    if (c + 1 < chunks) block_store<kDigits>(sums);
   }
-  for (int b = 0; b < blocks; ++b) {
-    const int64_t col = (block + b) * kCols, valid = std::min<int64_t>(kCols, n - col);
-    for (int m = 0; m < rows; ++m) std::copy(acc[b][m], acc[b][m] + valid, out + (row0 + m) * n + col);
+  const int64_t col = block * kCols, valid = std::min<int64_t>(kCols, n - col);
+  for (int m = 0; m < R; ++m) {
+    alignas(64) float row[kCols];
+    _mm512_store_ps(row, acc[m]);
+    std::copy(row, row + valid, out + (row0 + m) * n + col);
   }
 }
 
-// One thread's share, column-block pairs [begin, end), every row: the tile state is per thread.
+// One thread's share, column blocks [begin, end), every row; the tile state is a thread's, so each thread
+// configures its own.
 template <int kBits, int kDigits>
 FERRY_AMX_TARGET void amx_blocks(const DotPacked& p, const QuantRows& x, int64_t m_rows, int64_t n, float* out,
                                  int64_t begin, int64_t end) {
-  const int64_t blocks = (n + kCols - 1) / kCols;
   for (int64_t row0 = 0; row0 < m_rows; row0 += kAmxRows) {
-    const int rows = static_cast<int>(std::min<int64_t>(kAmxRows, m_rows - row0));
-    configure_tiles(rows);
-    for (int64_t pair = begin; pair < end; ++pair) {
-      const int in_pair = static_cast<int>(std::min<int64_t>(2, blocks - 2 * pair));
-      amx_pass<kBits, kDigits>(p, x, row0, rows, 2 * pair, in_pair, out, n);
-    }
+    const int64_t rows = std::min<int64_t>(kAmxRows, m_rows - row0);
+    configure_tiles(static_cast<int>(rows));
+    for (int64_t block = begin; block < end; ++block)
+      ferry_cpu::with_rows<kAmxRows>(rows, [&](auto r) {
+        amx_block<kBits, kDigits, decltype(r)::value>(p, x, row0, block, out, n);
+      });
   }
   _tile_release();
 }
 
 template <int kBits, int kDigits>
 void run_amx(const DotPacked& p, const QuantRows& x, int64_t m_rows, int64_t n, float* out) {
-  const int64_t pairs = ((n + kCols - 1) / kCols + 1) / 2;
-  at::parallel_for(0, pairs, 2, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, (n + kCols - 1) / kCols, 4, [&](int64_t begin, int64_t end) {
     amx_blocks<kBits, kDigits>(p, x, m_rows, n, out, begin, end);
   });
 }
 
 #else
 bool amx_int8_usable() { return false; }
+std::atomic<int64_t> amx_calls{0};
 #endif
