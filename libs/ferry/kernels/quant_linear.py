@@ -64,18 +64,30 @@ def bf16_quant_matmul(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     return torch.mm(x.to(torch.bfloat16), dequantize(qw, torch.bfloat16).t()).float()
 
 
-def cpu_has_amx_bf16() -> bool:
-    """The CPU multiplies bfloat16 in AMX tiles (Linux: the amx_bf16 flag in /proc/cpuinfo)."""
+def cpu_has_flag(flag: str) -> bool:
+    """The CPU has this feature (Linux: a flag in /proc/cpuinfo, e.g. amx_bf16, amx_int8)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " amx_bf16" in line for line in f)
+            return any(line.startswith("flags") and f" {flag} " in f" {line.split(':', 1)[-1].strip()} " for line in f)
     except OSError:
         return False
 
 
-def _rows_setting(name: str, with_amx: int, zero_means: str) -> int:
-    """A row-count setting from the environment: its default is `with_amx` on a CPU with AMX-BF16, else 0."""
-    raw = os.environ.get(name, str(with_amx if cpu_has_amx_bf16() else 0)).strip()
+def cpu_has_amx_bf16() -> bool:
+    """The CPU multiplies bfloat16 in AMX tiles."""
+    return cpu_has_flag("amx_bf16")
+
+
+def cpu_has_amx_int8() -> bool:
+    """The CPU multiplies int8 in AMX tiles."""
+    return cpu_has_flag("amx_int8")
+
+
+def _rows_setting(name: str, with_amx: int, zero_means: str, has_amx: bool | None = None) -> int:
+    """A row-count setting from the environment: its default is `with_amx` on a CPU with AMX (has_amx; None: the
+    CPU has AMX-BF16), else 0."""
+    has_amx = cpu_has_amx_bf16() if has_amx is None else has_amx
+    raw = os.environ.get(name, str(with_amx if has_amx else 0)).strip()
     if not raw.isdigit():
         raise ValueError(f"{name}={raw!r}: must be a row count (0: {zero_means})")
     return int(raw)
@@ -215,14 +227,42 @@ is Paris." into "L'Étoile, la Cité, ..." (agreement with the dequantized fp32 
 too."""
 
 
-def dot_quant_matmul(x: torch.Tensor, packed: DotPacked, digits: int | None = None) -> torch.Tensor:
-    """The int8-activation kernel: x [M, K] fp32 -> [M, N] fp32; digits: ACTIVATION_DIGITS[bits] unless given."""
+def _amx_int8_from_rows() -> int:
+    return _rows_setting("FERRY_QUANT_AMX_INT8", AMX_INT8_DEFAULT_ROWS, "off", cpu_has_amx_int8())
+
+
+AMX_INT8_DEFAULT_ROWS = 8
+AMX_INT8_FROM_ROWS = _amx_int8_from_rows()
+"""Calls of the int8-activation kernel with this many rows or more take its AMX int8 tile path (csrc/
+quant_dot_amx.h) where the kernel could ask Linux for the tile state (amx_int8_usable()); the output is the same,
+bit for bit (the same activation digits, exact int32 sums per 32 inputs, the same fp32 epilogue in the same
+order), only sooner. 0: the VNNI loop at every size. FERRY_QUANT_AMX_INT8, read once at import; default
+AMX_INT8_DEFAULT_ROWS on a CPU with amx_int8, else 0. No extra memory: int8 codes are the tiles' layout already,
+int4 codes are split into bytes per tile on the fly. QuantLinear's decode path binds it at prepack
+(dot_arguments), quant_matmul reads it per call. On a
+2-core Xeon, a whole SmolLM2 step's int4 matmuls with the weights streamed from memory
+(ops/bench/quant/20261205c-xeon-amx-int8): see the README's eleventh round; the tiles lose at 1-4 rows (a
+fixed tile latency per 32 inputs), hence 8. Calls of BF16_COPY_FROM_ROWS+ rows never reach this kernel where
+QuantLinear keeps a bf16 copy."""
+
+
+def amx_int8_usable() -> bool:
+    """The kernel was built with the AMX int8 path and this process may use the tiles (the CPU has AMX-INT8 and
+    Linux granted the tile state)."""
+    return dot_kernel_built() and bool(torch.ops.ferry_cpu.quant_dot_amx())
+
+
+def dot_quant_matmul(
+    x: torch.Tensor, packed: DotPacked, digits: int | None = None, amx_from_rows: int | None = None
+) -> torch.Tensor:
+    """The int8-activation kernel: x [M, K] fp32 -> [M, N] fp32; digits: ACTIVATION_DIGITS[bits], amx_from_rows:
+    AMX_INT8_FROM_ROWS, unless given."""
     if not dot_kernel_built():
         raise RuntimeError("the int8-activation CPU kernel is unavailable (no C++ kernels, or built without AVX2)")
-    return torch.ops.ferry_cpu.quant_dot_linear.default(x.contiguous(), *dot_arguments(packed, digits))
+    return torch.ops.ferry_cpu.quant_dot_linear.default(x.contiguous(), *dot_arguments(packed, digits, amx_from_rows))
 
 
-def dot_arguments(packed: DotPacked, digits: int | None = None) -> tuple:
+def dot_arguments(packed: DotPacked, digits: int | None = None, amx_from_rows: int | None = None) -> tuple:
     """The kernel's arguments after x (QuantLinear binds them once: its forward then calls the op directly)."""
     bits = packed.bits
     return (
@@ -233,6 +273,7 @@ def dot_arguments(packed: DotPacked, digits: int | None = None) -> tuple:
         packed.group_size,
         packed.out_features,
         digits or ACTIVATION_DIGITS[bits],
+        AMX_INT8_FROM_ROWS if amx_from_rows is None else amx_from_rows,
     )
 
 

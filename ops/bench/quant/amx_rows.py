@@ -1,10 +1,11 @@
 """A whole SmolLM2 step's int4 matmuls per row count M on an AMX CPU, every layer's weights its own (streamed from
-memory as in serving): the int8-activation kernel (what decode runs), bf16 with the weight dequantized per call
+memory as in serving): the int8-activation kernel (what decode runs) on its AVX-512 VNNI loop and on AMX int8
+tiles (csrc/quant_dot_amx.h; the same weights also as int8 codes, both ways), bf16 with the weight dequantized per call
 (BF16_FROM_ROWS, what prefill runs), a cached bf16 copy of the dequantized weight through torch.mm, the same copy
 packed once for oneDNN (mkldnn linear, AMX tiles), and oneDNN's packed fp32 GEMM for scale (small M only).
 Shapes: 30 layers of fused qkv, o, fused gate/up, down, plus lm_head (49152 x 576) once; random weights.
 
-    /work/tools/cpu-bench python ops/bench/quant/amx_rows.py [--rows 1,8,...] [--out DIR]
+    /work/tools/cpu-bench python ops/bench/quant/amx_rows.py [--rows 1,8,...] [--columns int4_kernel_ms,...] [--out DIR]
 """
 
 import argparse
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 from step_rows import LAYERS, SHAPES, best_of  # the same step, timed the same way
 
-from ferry.kernels.quant_linear import bf16_quant_matmul, dot_quant_matmul
+from ferry.kernels.quant_linear import amx_int8_usable, bf16_quant_matmul, dot_quant_matmul
 from ferry.kernels.quant_pack import pack_for_dot
 from ferry.kernels.quant_ref import dequantize, quantize
 from ferry.model import cpu_linear
@@ -34,6 +35,7 @@ def run_step(weights: list, xs: dict[int, torch.Tensor], matmul: Callable) -> No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1,8,16,32,64,128,512,2048", help="row counts M, comma-separated")
+    parser.add_argument("--columns", help="only these columns, comma-separated (default: all)")
     parser.add_argument("--out", type=Path, help="write amx_rows.json here")
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)
@@ -41,8 +43,14 @@ def main() -> None:
     dense = [torch.randn(n, k, generator=gen) * 0.02 for n, k in shapes]
     quantized = [quantize(w, 4, 32) for w in dense]
     bf16 = [dequantize(q, torch.bfloat16) for q in quantized]
+    int4 = [(q.in_features, pack_for_dot(q)) for q in quantized]
+    int8 = [(w.shape[1], pack_for_dot(quantize(w, 8, 32))) for w in dense]
+    vnni, amx = partial(dot_quant_matmul, amx_from_rows=0), partial(dot_quant_matmul, amx_from_rows=1)
     columns = {
-        "int4_kernel_ms": ([(q.in_features, pack_for_dot(q)) for q in quantized], dot_quant_matmul),
+        "int4_kernel_ms": (int4, vnni),
+        "int4_amx_int8_ms": (int4, amx),
+        "int8_kernel_ms": (int8, vnni),
+        "int8_amx_int8_ms": (int8, amx),
         "bf16_per_call_ms": ([(q.in_features, q) for q in quantized], bf16_quant_matmul),
         "bf16_cached_mm_ms": (
             [(w.shape[1], w) for w in bf16],
@@ -57,6 +65,9 @@ def main() -> None:
             lambda x, p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""),
         ),
     }
+    if args.columns:
+        columns = {name: columns[name] for name in args.columns.split(",")}
+    print("AMX int8 tiles usable:", amx_int8_usable(), flush=True)
     rows_out = []
     for m in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(m, k, generator=gen) for k in (576, 1536)}
@@ -71,6 +82,9 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         report = {
             "workload": {"layers": LAYERS, "shapes_nk": SHAPES, "lm_head_nk": LM_HEAD, "bits": 4, "group_size": 32},
+            "columns": "int8_* : the same weights quantized to int8; *_kernel_ms: the VNNI loop (amx_from_rows=0), "
+            "*_amx_int8_ms: the AMX int8 tiles (amx_from_rows=1); the rest int4",
+            "amx_int8_usable": amx_int8_usable(),
             "timing": "best of 5 whole steps (2 from 512 rows)",
             "machine": {
                 "platform": platform.platform(),

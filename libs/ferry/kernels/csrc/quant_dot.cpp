@@ -17,6 +17,9 @@
 // Threads split the column blocks (at::parallel_for); a pass holds kRows rows' accumulators in registers, so
 // the weights of batch 1-8 are read once (AVX-512) and more rows re-read a block's codes from L1/L2.
 //
+// On CPUs with AMX-INT8, calls of amx_from_rows rows or more get their int32 sums from tiles instead
+// (quant_dot_amx.h), with the same result bit for bit.
+//
 // quant_linear.cpp's float path (weights dequantized in registers, fp32 activations) stays beside it: the
 // wrapper (quant_linear.py) chooses by row count. On machines without AVX2 this file defines the op but
 // quant_dot_isa() returns "" and the wrapper never calls it.
@@ -29,11 +32,18 @@
 #include "cpu_math.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#if defined(__linux__) && defined(__x86_64__)  // for quant_dot_amx.h
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace {
 
@@ -297,13 +307,16 @@ void run(const DotPacked& p, const QuantRows& x, int64_t m_rows, int64_t n, floa
 
 #endif  // __AVX2__
 
+#include "quant_dot_amx.h"  // run_amx, amx_int8_usable
+
 std::string quant_dot_isa() { return FERRY_DOT_ISA; }
 
 // x [M, K] fp32 contiguous; codes, scales, offsets in pack_for_dot's layout (offsets: int4 only, else an empty
-// tensor); n: the real output columns (the blocks may be padded) -> [M, n] fp32.
+// tensor); n: the real output columns (the blocks may be padded); amx_from_rows: calls of this many rows or
+// more take the AMX int8 tiles where amx_int8_usable() (the same output), 0: never -> [M, n] fp32.
 at::Tensor quant_dot_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                             const at::Tensor& offsets, int64_t bits, int64_t group_size, int64_t n,
-                            int64_t digits) {
+                            int64_t digits, int64_t amx_from_rows) {
   TORCH_CHECK(!quant_dot_isa().empty(), "quant_dot_linear: built without AVX2 (see quant_dot_isa())");
   TORCH_CHECK_VALUE(bits == 8 || bits == 4, "bits: ", bits, ", expected 8 or 4");
   TORCH_CHECK_VALUE(group_size == 32 || group_size == 64 || group_size == 128, "group_size: ", group_size);
@@ -324,6 +337,16 @@ at::Tensor quant_dot_linear(const at::Tensor& x, const at::Tensor& codes, const 
   const DotPacked p{codes.data_ptr<uint8_t>(), scales.data_ptr<float>(),
                     bits == 4 ? offsets.data_ptr<float>() : nullptr, k, group_size};
   float* o = out.data_ptr<float>();
+#if defined(FERRY_AMX_INT8_BUILT)
+  if (amx_from_rows > 0 && m_rows >= amx_from_rows && amx_int8_usable()) {
+    amx_calls.fetch_add(1, std::memory_order_relaxed);
+    if (bits == 8)
+      digits == 2 ? run_amx<8, 2>(p, q, m_rows, n, o) : run_amx<8, 1>(p, q, m_rows, n, o);
+    else
+      digits == 2 ? run_amx<4, 2>(p, q, m_rows, n, o) : run_amx<4, 1>(p, q, m_rows, n, o);
+    return out;
+  }
+#endif
   if (bits == 8)
     digits == 2 ? run<8, 2>(p, q, m_rows, n, o) : run<8, 1>(p, q, m_rows, n, o);
   else
@@ -336,8 +359,10 @@ at::Tensor quant_dot_linear(const at::Tensor& x, const at::Tensor& codes, const 
 
 TORCH_LIBRARY_FRAGMENT(ferry_cpu, m) {
   m.def("quant_dot_isa() -> str", &quant_dot_isa);
+  m.def("quant_dot_amx() -> bool", &amx_int8_usable);
+  m.def("quant_dot_amx_calls() -> int", [] { return amx_calls.load(); });
   m.def(
       "quant_dot_linear(Tensor x, Tensor codes, Tensor scales, Tensor offsets, int bits, int group_size, int n, "
-      "int digits) -> Tensor",
+      "int digits, int amx_from_rows=0) -> Tensor",
       &quant_dot_linear);
 }
