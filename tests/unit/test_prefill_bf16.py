@@ -104,3 +104,26 @@ def test_a_quantized_prompt_attends_and_multiplies_in_bf16_and_agrees_with_fp32_
     agree = (bf16_between.argmax(-1) == fp32_between.argmax(-1)).float().mean()
     assert agree >= 0.9, agree
     torch.testing.assert_close(bf16_between.softmax(-1), fp32_between.softmax(-1), atol=0.02, rtol=0)
+
+
+@pytest.mark.parametrize("value", ["sjf", "", "FCFS"])
+def test_a_bad_prefill_order_is_refused_by_name(monkeypatch, value):
+    from ferry.engine.config import EngineConfig, resolve_prefill_order
+
+    monkeypatch.setenv("FERRY_PREFILL_ORDER", value)
+    with pytest.raises(ValueError, match="FERRY_PREFILL_ORDER"):
+        resolve_prefill_order(None)
+    with pytest.raises(ValueError, match="prefill_order"):
+        EngineConfig(prefill_order=value)
+
+
+def test_prefill_order_defaults_to_arrival_order_and_the_setting_switches_the_engines_scheduler(tiny, monkeypatch):
+    from ferry.engine.config import EngineConfig, resolve_prefill_order
+    from ferry.engine.llm_engine import LLMEngine
+
+    lm = load_model(tiny)
+    monkeypatch.delenv("FERRY_PREFILL_ORDER", raising=False)
+    assert resolve_prefill_order(None) == "fcfs" and not LLMEngine(lm, EngineConfig()).scheduler.shortest_first
+    assert LLMEngine(lm, EngineConfig(prefill_order="shortest")).scheduler.shortest_first
+    monkeypatch.setenv("FERRY_PREFILL_ORDER", "shortest")
+    assert LLMEngine(lm, EngineConfig()).scheduler.shortest_first
