@@ -153,3 +153,27 @@ def test_dynamic_refills_a_freed_slot_at_once():
     step(sched)
     sched.remove(sched.running[0])
     assert plan(step(sched)) == [("r1", 1), ("r2", 3)]
+
+
+def test_shortest_first_admits_short_prompts_first_and_a_passed_over_one_waits_one_admission_at_most():
+    bm = BlockManager(64, BS, enable_prefix_caching=False)
+    sched = Scheduler(bm, 8, 16, shortest_first=True)
+    sched.add(make_seq(12, "long", start=0))
+    sched.add(make_seq(6, "mid", start=100))
+    sched.add(make_seq(3, "short", start=200))
+    assert plan(step(sched)) == [("short", 3), ("mid", 6), ("long", 7)]  # shortest first, the budget's rest chunked
+    sched = Scheduler(BlockManager(64, BS, enable_prefix_caching=False), 8, 8, shortest_first=True)
+    sched.add(make_seq(8, "a", start=0))
+    sched.add(make_seq(5, "b", start=100))
+    sched.add(make_seq(4, "c", start=200))
+    assert plan(step(sched)) == [("c", 4), ("b", 4)]  # a passed over
+    sched.add(make_seq(2, "d", start=300))  # shorter than a, but a was passed over once: a goes first
+    assert plan(step(sched)) == [("c", 1), ("b", 1), ("a", 6)]
+    assert plan(step(sched)) == [("c", 1), ("b", 1), ("a", 2), ("d", 2)]
+
+
+def test_fcfs_keeps_arrival_order():
+    sched = make_sched(budget=16)
+    sched.add(make_seq(12, "long", start=0))
+    sched.add(make_seq(3, "short", start=200))
+    assert plan(step(sched)) == [("long", 12), ("short", 3)]

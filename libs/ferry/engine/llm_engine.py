@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ferry.engine.block_manager import BlockManager
-from ferry.engine.config import EngineConfig
+from ferry.engine.config import EngineConfig, resolve_prefill_order
 from ferry.engine.host_cache import HostBlockCache
 from ferry.engine.host_tier import HostTier
 from ferry.engine.kv_copy import KvCopier
@@ -55,6 +55,7 @@ class LLMEngine(KvHandoff, KvTiers, SloHooks):
             config.max_num_seqs,
             config.max_num_batched_tokens,
             static_batching=config.batching == "static",
+            shortest_first=resolve_prefill_order(config.prefill_order) == "shortest",
         )
         self.host: HostTier | None = None
         """Blocks evicted from the pool, kept in host memory (config.host_cache_blocks > 0)."""

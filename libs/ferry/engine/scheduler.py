@@ -3,7 +3,9 @@
 Every step first gives each running decode its one token, then fills the rest of the token
 budget with prefill chunks (a long prompt spreads over several steps), oldest first. New
 sequences are admitted first-come-first-served while blocks, the running-sequence cap and the
-budget allow. When the pool runs dry the newest running sequence is preempted (its blocks are
+budget allow; with shortest_first, shortest prompt first, except that a sequence an admission has
+already passed over once goes before every newer one (in arrival order), so none waits more than one
+extra admission. When the pool runs dry the newest running sequence is preempted (its blocks are
 freed, it goes back to the front of the queue and is recomputed later), so the oldest always
 progresses and nobody starves. Static mode admits a new batch only when the running one is
 done, and only as many members as the pool holds at their full length (prompt + max_tokens):
@@ -37,7 +39,12 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(
-        self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, static_batching: bool = False
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        static_batching: bool = False,
+        shortest_first: bool = False,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -46,6 +53,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.shortest_first = shortest_first
+        self._passed_over: set[str] = set()
+        """request ids of waiting sequences that an admission (shortest_first) left waiting: they go first next."""
 
     # ---- queue -----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -141,15 +151,16 @@ class Scheduler:
         server must: it cannot preempt, so a batch it admits always runs to completion."""
         bm, used = self.block_manager, 0
         reserved = sum(self._growth_blocks(s, len(s.block_ids)) for s in self.running) if self.static_batching else 0
-        for seq in list(self.waiting):
+        order = self._admission_order() if self.shortest_first and budget is not None else list(self.waiting)
+        for seq in order:
             if len(self.running) >= self.max_num_seqs or (budget is not None and used >= budget):
-                return
+                break
             match = bm.match_prefix(seq)
             if match.is_pending:
                 continue  # its prefix is being computed this very step: reuse it next step
             growth = self._growth_blocks(seq, bm.blocks_for(seq.num_tokens)) if self.static_batching else 0
             if bm.num_blocks_taken(seq, match) + growth + reserved > bm.num_free_blocks:
-                return  # first come, first served: nobody overtakes a sequence that does not fit
+                break  # nobody overtakes a sequence that does not fit
             allocated = bm.allocate(seq, match)
             assert allocated, "num_blocks_taken said it fits"
             reserved += growth
@@ -160,6 +171,14 @@ class Scheduler:
                 num_new = min(seq.num_uncomputed_tokens, budget - used)
                 batch.add(seq, num_new)
                 used += num_new
+        if self.shortest_first and budget is not None:
+            self._passed_over = {s.request_id for s in self.waiting if s.request_id in self._passed_over or used}
+
+    def _admission_order(self) -> list[Sequence]:
+        """shortest_first: the sequences passed over before, in arrival order, then the rest shortest prompt first."""
+        overdue = [s for s in self.waiting if s.request_id in self._passed_over or s.num_preemptions]
+        fresh = [s for s in self.waiting if s.request_id not in self._passed_over and not s.num_preemptions]
+        return overdue + sorted(fresh, key=lambda s: s.num_uncomputed_tokens)
 
     def _growth_blocks(self, seq: Sequence, num_held: int) -> int:
         """Blocks `seq` may still append, holding num_held, before it reaches its token limit."""

@@ -19,6 +19,7 @@ from ferry.kernels import (
     rotary_,
     write_kv,
 )
+from ferry.kernels import quant_linear as qkernels
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
 from ferry.model.cpu_linear import FusedProjection, Linear
@@ -119,16 +120,33 @@ class GQAttention(nn.Module):
         fused = self.backend == "cpu"
         if not meta.prefill_rows:  # a pure decode step: rows are already in sequence order
             return torch_decode_attention(q, k_cache, v_cache, meta, self.scale, self.window, kv, fused)
-        out = torch.empty_like(q)  # [T, H, D]
+        bf16 = self._bf16_prompts(q)
+        out = torch.empty_like(q, dtype=torch.bfloat16 if bf16 else q.dtype)  # [T, H, D]
         if meta.num_decodes:
             rows = meta.decode_token_rows
-            out[rows] = torch_decode_attention(q[rows], k_cache, v_cache, meta, self.scale, self.window, kv, fused)
+            decoded = torch_decode_attention(q[rows], k_cache, v_cache, meta, self.scale, self.window, kv, fused)
+            out[rows] = decoded.to(out.dtype)  # index_put_ does not convert
+        whole = (q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16)) if bf16 else (q, k, v)
         for i in meta.prefill_rows:
-            start, end = meta.query_starts[i], meta.query_starts[i + 1]
+            start, end, ctx = meta.query_starts[i], meta.query_starts[i + 1], meta.context_lens[i]
+            qs, ks, vs = whole if ctx == 0 else (q, k, v)  # a whole prompt: its K/V are this step's, in bf16 too
             out[start:end] = self._prefill_one(
-                q[start:end], k[start:end], v[start:end], k_cache, v_cache, meta.block_tables[i], meta.context_lens[i]
+                qs[start:end], ks[start:end], vs[start:end], k_cache, v_cache, meta.block_tables[i], ctx
             )
         return out
+
+    def _bf16_prompts(self, q: torch.Tensor) -> bool:
+        """Whether this step's whole prompts attend in bf16 (torch's flash attention on AMX, 2-2.8x its fp32 at
+        64-1000 tokens, 9 heads, 1 thread) and hand o_proj bf16 rows: o_proj multiplies q's rows through its
+        bf16 copy, which rounds them to bf16 anyway (quant_linear.BF16_ACTIVATIONS)."""
+        copy_takes = getattr(self.o_proj, "copy_takes", None)  # a QuantLinear
+        return (
+            qkernels.BF16_ACTIVATIONS
+            and self.backend == "cpu"
+            and q.dtype == torch.float32
+            and copy_takes is not None
+            and copy_takes(q.shape[0], q.dtype, q.device.type)
+        )
 
     def _prefill_one(
         self,

@@ -65,4 +65,9 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden]
         if self.gate_up is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        bf16_forward = getattr(self.gate_up, "bf16_forward", None)  # a QuantLinear with a bf16 copy
+        takes_bf16 = getattr(self.down_proj, "bf16_copy", None) is not None  # down multiplies bf16 rows too
+        low = bf16_forward(x) if bf16_forward is not None and takes_bf16 else None
+        if low is not None:  # a prefill step on AMX: gate/up -> SiLU -> down stays bf16 (quant_linear.BF16_ACTIVATIONS)
+            return self.down_proj(silu_and_mul(low, False))
         return self.down_proj(silu_and_mul(self.gate_up(x), self.backend == "cpu"))  # one matmul instead of two

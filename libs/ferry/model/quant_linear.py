@@ -79,14 +79,37 @@ class QuantLinear(nn.Module):
     calls, and quant_matmul's dispatch (checks, reshapes, the packet lookup) took ~half of each one's ~13 us
     of Python (measured at batch 8 on SmolLM2's o_proj shape, 1 thread)."""
 
+    def copy_multiplies(self, x: torch.Tensor) -> bool:
+        """Whether forward multiplies x [..., in] through the bf16 copy (copy_takes its rows)."""
+        return x.shape[-1] > 0 and self.copy_takes(x.numel() // x.shape[-1], x.dtype, x.device.type)
+
+    def copy_takes(self, num_rows: int, dtype: torch.dtype, device_type: str) -> bool:
+        """Whether num_rows rows of dtype on device_type go through the bf16 copy: BF16_COPY_FROM_ROWS+ fp32 (or,
+        from a previous copy matmul, bf16) rows on the CPU."""
+        return (
+            self.bf16_copy is not None
+            and self.backend == "cpu"
+            and (dtype == torch.float32 or dtype == torch.bfloat16)
+            and device_type == "cpu"
+            and 0 < kernels.BF16_COPY_FROM_ROWS <= num_rows
+        )
+
+    def bf16_forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        """[..., in] -> [..., out] in bf16 where the copy multiplies x and kernels.BF16_ACTIVATIONS is on (for a
+        caller whose next step is another copy matmul: no round trip through fp32), else None."""
+        if not (kernels.BF16_ACTIVATIONS and self.bias is None and self.copy_multiplies(x)):
+            return None
+        assert self.bf16_copy is not None
+        return bf16_copy_matmul(x.reshape(-1, x.shape[-1]), self.bf16_copy, torch.bfloat16).view(*x.shape[:-1], -1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         bias = self.bias
         assert bias is None or isinstance(bias, torch.Tensor)
         copy = self.bf16_copy
-        if (  # a batch of BF16_COPY_FROM_ROWS+ fp32 rows on the CPU: the bf16 copy on AMX tiles
-            copy is not None
+        if (  # a batch of BF16_COPY_FROM_ROWS+ fp32 (or, from a copy matmul, bf16) rows on the CPU: AMX tiles
+            copy is not None  # inline, not copy_multiplies: ~120 calls a decode step
             and self.backend == "cpu"
-            and x.dtype == torch.float32
+            and (x.dtype == torch.float32 or x.dtype == torch.bfloat16)
             and x.device.type == "cpu"
             and 0 < kernels.BF16_COPY_FROM_ROWS * x.shape[-1] <= x.numel()
         ):
