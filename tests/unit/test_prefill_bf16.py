@@ -30,18 +30,19 @@ def tiny(kernel_ok, tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("prefill_bf16") / "tiny", "llama", "tiny", seed=0)
 
 
+@pytest.mark.parametrize("name", ["FERRY_QUANT_BF16_ACTIVATIONS", "FERRY_QUANT_INT8_ACTIVATIONS"])
 @pytest.mark.parametrize("value", ["yes", "2", ""])
-def test_a_bad_bf16_activations_setting_is_refused_by_name(monkeypatch, value):
-    monkeypatch.setenv("FERRY_QUANT_BF16_ACTIVATIONS", value)
-    with pytest.raises(ValueError, match="FERRY_QUANT_BF16_ACTIVATIONS"):
-        kernels._bf16_activations()
+def test_a_bad_activations_setting_is_refused_by_name(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        kernels._switch(name, "on", "off")
 
 
 def test_bf16_activations_are_on_unless_switched_off(monkeypatch):
     monkeypatch.delenv("FERRY_QUANT_BF16_ACTIVATIONS", raising=False)
-    assert kernels._bf16_activations()
+    assert kernels._switch("FERRY_QUANT_BF16_ACTIVATIONS", "on", "off")
     monkeypatch.setenv("FERRY_QUANT_BF16_ACTIVATIONS", "0")
-    assert not kernels._bf16_activations()
+    assert not kernels._switch("FERRY_QUANT_BF16_ACTIVATIONS", "on", "off")
 
 
 def _layer(monkeypatch, bias: torch.Tensor | None = None) -> QuantLinear:

@@ -184,32 +184,26 @@ def bf16_copy_matmul(x: torch.Tensor, copy: torch.Tensor, out_dtype: torch.dtype
     return torch.ops.mkldnn._linear_pointwise(rows, copy, None, "none", [], "").to(out_dtype)
 
 
-def _bf16_activations() -> bool:
-    raw = os.environ.get("FERRY_QUANT_BF16_ACTIVATIONS", "1").strip()
+def _switch(name: str, on: str, off: str) -> bool:
+    """An on/off environment setting, default on: '1' or '0', anything else refused by name."""
+    raw = os.environ.get(name, "1").strip()
     if raw not in ("0", "1"):
-        raise ValueError(f"FERRY_QUANT_BF16_ACTIVATIONS={raw!r}: must be 1 (stay in bf16 between copies) or 0")
+        raise ValueError(f"{name}={raw!r}: must be 1 ({on}) or 0 ({off})")
     return raw == "1"
 
 
-BF16_ACTIVATIONS = _bf16_activations()
+BF16_ACTIVATIONS = _switch("FERRY_QUANT_BF16_ACTIVATIONS", "stay in bf16 between copies", "fp32")
 """Where the bf16 copies multiply a call (BF16_COPY_FROM_ROWS rows or more: a prefill step), the activations that
 only go from one copy matmul to the next stay in bfloat16 instead of a round trip through fp32: gate/up -> SiLU-and-mul
--> down, and q/k/v -> prompt attention (torch's flash attention in bf16) -> o_proj; the residual stream, norms,
-rotary embedding and the KV cache stay fp32. The next matmul rounds its input to bf16 anyway, so what changes is
-one more rounding of the gate/up outputs and attention's inputs and softmax in bf16. Why (2-core Xeon with AMX,
-SmolLM2 burst, ops/bench/throughput/reports/20261205-prefill/prefill_ops.txt): of the 4 prefill steps' 2.66 s of
-op time, the bf16 matmuls were 0.85 s, fp32 flash attention 0.69 s and dtype casts 0.53 s.
+-> down, and q/k/v -> prompt attention (torch's flash attention in bf16) -> o_proj; the residual stream, norms and
+rotary embedding stay fp32, the KV cache its own dtype. The next matmul rounds its input to bf16 anyway, so what
+changes is one more rounding of the gate/up outputs and attention's inputs and softmax in bf16. Why (2-core Xeon
+with AMX, SmolLM2 burst, ops/bench/throughput/reports/20261205-prefill/prefill_ops.txt): of the 4 prefill steps'
+2.66 s of op time, the bf16 matmuls were 0.85 s, fp32 flash attention 0.69 s and dtype casts 0.53 s.
 FERRY_QUANT_BF16_ACTIVATIONS=0 (read once at import) keeps every activation fp32 between the matmuls."""
 
 
-def _int8_activations() -> bool:
-    raw = os.environ.get("FERRY_QUANT_INT8_ACTIVATIONS", "1").strip()
-    if raw not in ("0", "1"):
-        raise ValueError(f"FERRY_QUANT_INT8_ACTIVATIONS={raw!r}: must be 1 (int8 activations) or 0 (fp32)")
-    return raw == "1"
-
-
-INT8_ACTIVATIONS = _int8_activations()
+INT8_ACTIVATIONS = _switch("FERRY_QUANT_INT8_ACTIVATIONS", "int8 activations", "fp32")
 """Whether the CPU multiplies quantized weights with int8 activations (csrc/quant_dot.cpp) where that kernel
 builds. Measured on a 2-core Zen 5 (AVX-512 VNNI), a whole SmolLM2 step's matmuls with the weights streamed
 from memory (ops/bench/quant/step_rows.py, report 20261204-int8-activations-amd/step_rows.json), against the
