@@ -252,11 +252,10 @@ bit for bit (the same activation digits, exact int32 sums per 32 inputs, the sam
 order), only sooner. 0: the VNNI loop at every size. FERRY_QUANT_AMX_INT8, read once at import; default
 AMX_INT8_DEFAULT_ROWS on a CPU with amx_int8, else 0. No extra memory: int8 codes are the tiles' layout already,
 int4 codes are split into bytes per tile on the fly. QuantLinear's decode path binds it at prepack
-(dot_arguments), quant_matmul reads it per call. On a
-2-core Xeon, a whole SmolLM2 step's int4 matmuls with the weights streamed from memory
-(ops/bench/quant/20261205c-xeon-amx-int8): see the README's eleventh round; the tiles lose at 1-4 rows (a
-fixed tile latency per 32 inputs), hence 8. Calls of BF16_COPY_FROM_ROWS+ rows never reach this kernel where
-QuantLinear keeps a bf16 copy."""
+(dot_arguments), quant_matmul reads it per call. On a 2-core Xeon, a whole SmolLM2 step's int4 matmuls with the
+weights streamed from memory (ops/bench/quant/20261205c-xeon-amx-int8, the throughput README's eleventh round):
+the tiles lose at 1-4 rows (a fixed tile latency per 32 inputs), hence 8. Calls of BF16_COPY_FROM_ROWS+ rows
+never reach this kernel where QuantLinear keeps a bf16 copy."""
 
 
 def amx_int8_usable() -> bool:
