@@ -4,16 +4,15 @@ attention -> o_proj in bf16, against the same model with every activation fp32 b
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn.functional as F
 
+from ferry.bench.quant_decode import all_position_logits
 from ferry.kernels import quant_linear as kernels
 from ferry.kernels.cpu_decode import kernel
 from ferry.kernels.quant_ref import quantize
-from ferry.model import AttentionMetadata, load_model
+from ferry.model import load_model
 from ferry.model.make_model import make_model
 from ferry.model.quant_linear import QuantLinear
 
@@ -68,14 +67,6 @@ def test_bf16_forward_is_forward_without_the_widening_and_only_where_the_copy_mu
     assert _layer(monkeypatch, torch.ones(48)).bf16_forward(x) is None  # a bias is added in fp32: forward's
 
 
-def _prompt_logits(lm, ids: list[int]) -> torch.Tensor:
-    num_blocks = -(-len(ids) // 16)
-    kv = lm.model.make_kv_cache(num_blocks=num_blocks, block_size=16)
-    meta = AttentionMetadata.build([len(ids)], [0], [list(range(num_blocks))], 16)
-    meta = dataclasses.replace(meta, logits_indices=torch.arange(len(ids)))
-    return lm.model(torch.tensor(ids), torch.arange(len(ids)), meta, kv)
-
-
 @pytest.mark.parametrize("num_tokens, bf16_expected", [(64, True), (20, False)])
 def test_a_quantized_prompt_attends_and_multiplies_in_bf16_and_agrees_with_fp32_activations(
     tiny, monkeypatch, num_tokens, bf16_expected
@@ -84,7 +75,7 @@ def test_a_quantized_prompt_attends_and_multiplies_in_bf16_and_agrees_with_fp32_
     lm = load_model(tiny, weights_dtype="int8")
     ids = torch.randint(0, lm.config.vocab_size, (num_tokens,), generator=torch.Generator().manual_seed(5)).tolist()
     monkeypatch.setattr(kernels, "BF16_ACTIVATIONS", False)
-    fp32_between = _prompt_logits(lm, ids)
+    fp32_between = all_position_logits(lm, ids)
     monkeypatch.setattr(kernels, "BF16_ACTIVATIONS", True)
     seen: list[torch.dtype] = []
     sdpa = F.scaled_dot_product_attention
@@ -94,7 +85,7 @@ def test_a_quantized_prompt_attends_and_multiplies_in_bf16_and_agrees_with_fp32_
         return sdpa(q, *args, **kwargs)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
-    bf16_between = _prompt_logits(lm, ids)
+    bf16_between = all_position_logits(lm, ids)
     expected = torch.bfloat16 if bf16_expected else torch.float32
     assert seen and set(seen) == {expected}  # prompt attention in bf16 from BF16_COPY_FROM_ROWS rows only
     assert bf16_between.dtype == torch.float32

@@ -4,15 +4,15 @@ weights never share a KV namespace."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 import torch
 
+from ferry.bench.quant_decode import all_position_logits
 from ferry.engine.config import EngineConfig
 from ferry.engine.llm_engine import LLMEngine
-from ferry.model import AttentionMetadata, load_model
+from ferry.model import load_model
 from ferry.model.cpu_linear import FusedProjection, Linear
 from ferry.model.make_model import make_model
 from ferry.model.quant_linear import QuantLinear, quantized_bytes
@@ -25,15 +25,6 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("quant") / "tiny", "llama", "tiny", seed=0)
-
-
-def _prefill_logits(lm, ids: list[int]) -> torch.Tensor:
-    """Logits [T, vocab] of every position of one prompt (logits_indices = all rows)."""
-    num_blocks = -(-len(ids) // 16)
-    kv = lm.model.make_kv_cache(num_blocks=num_blocks, block_size=16)
-    meta = AttentionMetadata.build([len(ids)], [0], [list(range(num_blocks))], 16)
-    meta = dataclasses.replace(meta, logits_indices=torch.arange(len(ids)))
-    return lm.model(torch.tensor(ids), torch.arange(len(ids)), meta, kv)
 
 
 def _greedy(lm, prompts: list[list[int]]) -> list[list[int]]:
@@ -65,8 +56,8 @@ def test_every_projection_is_held_quantized(tiny, weights_dtype):
 @pytest.mark.parametrize("weights_dtype, worst", [("int8", 0.02), ("int4", 0.25)])
 def test_quantized_logits_stay_close_to_fp32(tiny, weights_dtype, worst):
     ids = list(range(5, 69))
-    ref = _prefill_logits(load_model(tiny), ids)
-    got = _prefill_logits(load_model(tiny, weights_dtype=weights_dtype), ids)
+    ref = all_position_logits(load_model(tiny), ids)
+    got = all_position_logits(load_model(tiny, weights_dtype=weights_dtype), ids)
     relative = (got - ref).norm(dim=-1) / ref.norm(dim=-1)  # [T]
     assert relative.max() < worst, relative.max()
     assert relative.max() > 0  # the weights really changed

@@ -88,10 +88,9 @@ class LLMEngine(KvHandoff, KvTiers, SloHooks):
     def kv_namespace(self) -> str:
         """Where this engine's KV blocks live in the KV store: the model fingerprint, plus the cache's
         dtype when that differs from the model's (such blocks only load into a cache of that dtype)."""
-        kv_dtype, model_dtype = self.runner.kv.dtype, self.lm.model.model.embed_tokens.weight.dtype
-        if kv_dtype == model_dtype:
+        if self.runner.kv.dtype == self.lm.model.model.embed_tokens.weight.dtype:
             return self.lm.fingerprint
-        return f"{self.lm.fingerprint}-kv-{str(kv_dtype).removeprefix('torch.')}"
+        return f"{self.lm.fingerprint}-kv-{self.kv_cache_dtype}"
 
     @property
     def kv_cache_dtype(self) -> str:

@@ -126,7 +126,8 @@ class GQAttention(nn.Module):
             rows = meta.decode_token_rows
             decoded = torch_decode_attention(q[rows], k_cache, v_cache, meta, self.scale, self.window, kv, fused)
             out[rows] = decoded.to(out.dtype)  # index_put_ does not convert
-        whole = (q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16)) if bf16 else (q, k, v)
+        whole_prompts = bf16 and any(meta.context_lens[i] == 0 for i in meta.prefill_rows)  # else nothing to cast
+        whole = (q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16)) if whole_prompts else (q, k, v)
         for i in meta.prefill_rows:
             start, end, ctx = meta.query_starts[i], meta.query_starts[i + 1], meta.context_lens[i]
             qs, ks, vs = whole if ctx == 0 else (q, k, v)  # a whole prompt: its K/V are this step's, in bf16 too
