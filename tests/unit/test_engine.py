@@ -139,7 +139,7 @@ def test_logprobs_come_with_each_token(lm):
 
 
 def test_abort_frees_blocks_at_once(lm):
-    eng = engine(lm)
+    eng = engine(lm, prefill_order="fcfs")  # "a" (55 tokens) is admitted first, "b" (a prefix of it) waits to reuse it
     eng.add_request("a", list(range(5, 60)), GREEDY)
     eng.add_request("b", list(range(5, 40)), GREEDY)
     eng.step()

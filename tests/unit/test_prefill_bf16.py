@@ -109,13 +109,13 @@ def test_a_bad_prefill_order_is_refused_by_name(monkeypatch, value):
         EngineConfig(prefill_order=value)
 
 
-def test_prefill_order_defaults_to_arrival_order_and_the_setting_switches_the_engines_scheduler(tiny, monkeypatch):
+def test_prefill_order_defaults_to_shortest_first_and_the_setting_switches_the_engines_scheduler(tiny, monkeypatch):
     from ferry.engine.config import EngineConfig, resolve_prefill_order
     from ferry.engine.llm_engine import LLMEngine
 
     lm = load_model(tiny)
     monkeypatch.delenv("FERRY_PREFILL_ORDER", raising=False)
-    assert resolve_prefill_order(None) == "fcfs" and not LLMEngine(lm, EngineConfig()).scheduler.shortest_first
-    assert LLMEngine(lm, EngineConfig(prefill_order="shortest")).scheduler.shortest_first
-    monkeypatch.setenv("FERRY_PREFILL_ORDER", "shortest")
-    assert LLMEngine(lm, EngineConfig()).scheduler.shortest_first
+    assert resolve_prefill_order(None) == "shortest" and LLMEngine(lm, EngineConfig()).scheduler.shortest_first
+    assert not LLMEngine(lm, EngineConfig(prefill_order="fcfs")).scheduler.shortest_first
+    monkeypatch.setenv("FERRY_PREFILL_ORDER", "fcfs")
+    assert not LLMEngine(lm, EngineConfig()).scheduler.shortest_first

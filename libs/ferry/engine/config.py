@@ -37,7 +37,7 @@ class EngineConfig:
     prefill_order: str | None = None
     """Which waiting prompts a step admits first, one of PREFILL_ORDERS: 'shortest' (the shortest prompt first; one
     that an admission passed over goes first at the next, so none waits more than one extra admission) or 'fcfs'
-    (arrival order); None reads FERRY_PREFILL_ORDER (default 'fcfs': the engine tests pin arrival order). Why
+    (arrival order); None reads FERRY_PREFILL_ORDER (default 'shortest'; vLLM's default is 'fcfs'). Why
     'shortest': under a burst more prompts finish in the first prefill steps (SmolLM2's 48-request burst in the
     engine, unbounded: TTFT p50 1.32-1.44 -> 0.62 s at the same tok/s, ops/bench/throughput/reports/20261205-
     prefill/engine_ab.txt). Dynamic batching only."""
@@ -124,10 +124,10 @@ class EngineConfig:
 
 
 def resolve_prefill_order(order: str | None) -> str:
-    """EngineConfig.prefill_order, None read from FERRY_PREFILL_ORDER (default 'fcfs')."""
+    """EngineConfig.prefill_order, None read from FERRY_PREFILL_ORDER (default 'shortest')."""
     if order is not None:
         return order
-    raw = os.environ.get("FERRY_PREFILL_ORDER", "fcfs").strip()
+    raw = os.environ.get("FERRY_PREFILL_ORDER", "shortest").strip()
     if raw not in PREFILL_ORDERS:
         raise ValueError(f"FERRY_PREFILL_ORDER={raw!r}: must be one of {PREFILL_ORDERS}")
     return raw
