@@ -38,12 +38,31 @@ WARMUP_SEED_OFFSET = 1_000_003
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     m = parser.add_argument_group("multi-turn bench (--multi-turn: starts the system itself, prefetch off vs on)")
     m.add_argument("--multi-turn", action="store_true", help="run the multi-turn conversation bench")
-    m.add_argument("--users", type=int, default=8)
-    m.add_argument("--turns", type=int, default=4)
-    m.add_argument("--system-prompt-len", type=int, default=256)
-    m.add_argument("--user-len-median", type=int, default=48)
-    m.add_argument("--turn-output-len", type=int, default=64)
-    m.add_argument("--think-time-s", type=float, default=1.0)
+    m.add_argument("--users", type=int, default=8, help="conversations running at once (default %(default)s)")
+    m.add_argument(
+        "--turns", type=int, default=4, help="turns per conversation, each re-sending the history (default %(default)s)"
+    )
+    m.add_argument(
+        "--system-prompt-len",
+        type=int,
+        default=256,
+        help="tokens of the system prompt every conversation starts with, the same for all users (default %(default)s)",
+    )
+    m.add_argument(
+        "--user-len-median",
+        type=int,
+        default=48,
+        help="median tokens of a user message (log-normal, seeded by --seed; default %(default)s)",
+    )
+    m.add_argument(
+        "--turn-output-len", type=int, default=64, help="tokens each answer decodes (ignore_eos; default %(default)s)"
+    )
+    m.add_argument(
+        "--think-time-s",
+        type=float,
+        default=1.0,
+        help="mean of a user's pause (exponential) between an answer and the next turn (default %(default)s)",
+    )
     m.add_argument(
         "--restart",
         choices=("decode", "all"),
