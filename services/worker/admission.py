@@ -29,8 +29,9 @@ from ferry_services.worker.window import AdmissionWindow
 
 log = logging.getLogger(__name__)
 
-RETRY_ADMIT_S = 0.5
-"""A message refused for want of room now goes back to the queue for this long."""
+ROOM_WAIT_S = 0.5
+"""A hand-off refused for want of room (its KV is its own: it cannot be recomputed for free) tries again after
+each engine step, or after this long at the latest."""
 
 
 class _Fetch:
@@ -53,6 +54,7 @@ class Admission(abc.ABC):
     window: AdmissionWindow
     arrivals: asyncio.Event
     has_room: asyncio.Event
+    room_freed: asyncio.Event
     settings: Any
     spawn: Callable[[Coroutine[Any, Any, Any]], None]
     publish_error: Callable[[GenerateRequest, str, str, bool], Awaitable[None]]
@@ -139,6 +141,10 @@ class Admission(abc.ABC):
             kv = await self.fetch_kv(work)
         try:
             joined = await self.add_to_engine(request, join, self.engine, request, kv, self.kv_is_optional)
+            while joined is Joined.NO_ROOM:  # the balancer's view was stale, or a burst outgrew the pool: wait here
+                self.ledger.added(request, joined=False, ack=False)
+                await self._wait_for_room()
+                joined = await self.add_to_engine(request, join, self.engine, request, kv, self.kv_is_optional)
         except ValueError as exc:  # does not fit this engine: the client's fault, not retryable
             self.ledger.added(request, joined=False, ack=False)
             if self.ledger.is_current(request):
@@ -147,13 +153,21 @@ class Admission(abc.ABC):
             return
         if joined is None:
             return  # cancelled, replaced or given back before it was added
-        if joined is Joined.NO_ROOM:  # the balancer's view was stale: back to the queue for a while
-            self.ledger.added(request, joined=False, ack=False)
-            await self.apply(self.ledger.give_back(request, RETRY_ADMIT_S))
-            return
         await self.apply(self.ledger.added(request, joined=True, ack=self.acks_on_join))
         self.count_join(request, joined, kv)
         self.has_work.set()
+
+    async def _wait_for_room(self) -> None:
+        """Until the next engine step ends (sequences may have finished and freed blocks), ROOM_WAIT_S at most.
+        The message stays held meanwhile (its lease extended with the others'): it is never nak'd for room,
+        because every redelivery spends one of JetStream's max_deliver, and a hand-off that waited through
+        them all was dropped for good (issue #21's restart bench: 12 sequences of ~1.5k tokens arriving at
+        once at a decode worker with a 16k-token pool lost one; the gateway gave up on it after 120 s)."""
+        self.room_freed.clear()
+        try:
+            await asyncio.wait_for(self.room_freed.wait(), ROOM_WAIT_S)
+        except asyncio.TimeoutError:
+            pass
 
     @abc.abstractmethod
     async def fetch_kv(self, work: Any) -> FetchedKV | None:

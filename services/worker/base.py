@@ -94,6 +94,8 @@ class Worker(Admission, Pulling, Reporting, abc.ABC):
         self.arrivals = asyncio.Event()
         """Set when work is pulled or its addition queued: a held step looks again."""
         self.has_room = asyncio.Event()
+        self.room_freed = asyncio.Event()
+        """Set after every engine step and cancel: a hand-off waiting for free blocks tries again (admission.py)."""
         self.num_adding = 0
         """Engine additions queued on the engine thread and not finished: work for the engine loop."""
         self.is_halted = False
@@ -212,6 +214,7 @@ class Worker(Admission, Pulling, Reporting, abc.ABC):
                 metrics.BATCH_SIZE.labels(self.role).observe(len(outputs))
             await self.after_step(outputs)
             self.has_room.set()
+            self.room_freed.set()
             if not outputs:  # e.g. everything waits for blocks: do not spin on the engine thread
                 await asyncio.sleep(0.001)
 
@@ -299,3 +302,4 @@ class Worker(Admission, Pulling, Reporting, abc.ABC):
                 log.info("cancelled %s (%s)", request_id, cancel.reason)
         await self.apply(effects)
         self.has_room.set()
+        self.room_freed.set()

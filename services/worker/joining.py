@@ -2,8 +2,9 @@
 
 The prefill worker may have fetched a prompt's leading blocks from the store (a prefix reuse: an
 optional speed-up, counted as cached, computed instead when there is no room for it); the decode
-worker fetched a hand-off's blocks (the sequence's own state: no room means the message waits in
-the queue). Missing KV means computing it from the tokens. Runs on the engine thread.
+worker fetched a hand-off's blocks (the sequence's own state: no room means the worker holds the
+message and tries again after the next step). Missing KV means computing it from the tokens. Runs on
+the engine thread.
 """
 
 from __future__ import annotations

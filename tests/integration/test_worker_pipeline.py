@@ -62,11 +62,12 @@ def reference(tiny_model):
 
 class System:
     """Both balancers and one worker per role, each on its own NATS connection; `worker_overrides`
-    are WorkerSettings fields for every worker."""
+    are WorkerSettings fields for every worker, `role_overrides` ({role: fields}) for one role's."""
 
-    def __init__(self, nats_url: str, redis_url: str, model, **worker_overrides) -> None:
+    def __init__(self, nats_url: str, redis_url: str, model, role_overrides=None, **worker_overrides) -> None:
         self.nats_url, self.redis_url, self.model = nats_url, redis_url, model
         self.worker_overrides = worker_overrides
+        self.role_overrides = role_overrides or {}
         self.conns, self.tasks, self.stoppers, self.balancers = [], [], [], []
         self.workers = {}
         self.worker_tasks: dict[str, list[asyncio.Task]] = {}
@@ -86,7 +87,14 @@ class System:
             await self.start_worker(role, f"{role}-t")
 
     async def start_worker(self, role: str, worker_id: str, **overrides):
-        fields = {"num_kv_blocks": 64, "max_running": 8, "load_interval_s": 0.2, **self.worker_overrides, **overrides}
+        fields = {
+            "num_kv_blocks": 64,
+            "max_running": 8,
+            "load_interval_s": 0.2,
+            **self.worker_overrides,
+            **self.role_overrides.get(role, {}),
+            **overrides,
+        }
         settings = WorkerSettings(
             role=role, model=str(self.model), worker_id=worker_id, redis_url=self.redis_url, **fields
         )
@@ -261,6 +269,28 @@ async def test_missing_kv_blocks_are_recomputed_counted_and_still_exact(system, 
     await client.wait_finished(["r2"])
     assert client.tokens["r2"] == reference["r2"]
     assert system.workers["decode-t"].num_recomputed == 1
+
+
+async def test_a_hand_off_with_no_room_waits_in_the_decode_worker_and_is_never_lost(system, client, reference):
+    """The decode worker finds no room for a hand-off the balancer sent it (its view was stale: after a restart,
+    or sequences grew since the last report) for 3.5 s. The hand-off waits in the worker and joins once there is
+    room. It used to go back to JetStream every 0.5 s, and after max_deliver (5) deliveries JetStream dropped it:
+    the request was lost (issue #21's restart bench lost one per mode that way)."""
+    decode_worker = system.workers["decode-t"]
+    engine, refused_until, refusals = decode_worker.engine, time.monotonic() + 3.5, []
+
+    def can_admit(num_tokens: int) -> bool:  # a pool full of sequences the balancer did not know about
+        if time.monotonic() < refused_until:
+            refusals.append(num_tokens)
+            return False
+        return type(engine).can_admit(engine, num_tokens)
+
+    engine.can_admit = can_admit
+    assert (await client.submit("r3", PROMPTS[3])).accepted
+    await client.wait_finished(["r3"], timeout_s=30)
+    assert client.errors == [] and client.tokens["r3"] == reference["r3"]
+    assert len(refusals) >= 6, f"refused {len(refusals)} times: the test must outlast 5 redeliveries"
+    assert decode_worker.num_transferred == 1 and len(decode_worker.ledger) == 0
 
 
 async def test_cancel_mid_stream_frees_blocks_on_every_worker(system, client):
