@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ferry.balancing.ranks import RankView, rank_views
 from ferry.balancing.view import WorkerState
+from ferry.protocol import HANDOFF_TOO_LONG
 
 
 @dataclass(slots=True)
@@ -47,7 +48,8 @@ class DecodeChoice:
     worker_id: str | None
     """None when rejected."""
     reason: str = ""
-    """'' when routed; 'overloaded' (every worker full) or 'no_workers'."""
+    """'' when routed; 'overloaded' (every worker full now), 'no_workers', or HANDOFF_TOO_LONG and why (no worker's
+    whole pool holds the sequence: not worth a retry)."""
     num_blocks: int = 0
     """Blocks the sequence takes on the chosen worker."""
     retry_after_s: float = 0.0
@@ -84,6 +86,12 @@ def fits(state: WorkerState, num_blocks: int) -> bool:
     return state.num_seqs < state.report.max_running and state.kv_blocks_free >= num_blocks
 
 
+def _pool_blocks(state: WorkerState) -> int:
+    """The most blocks one sequence can ever hold on this worker: its pool, or its largest rank's."""
+    ranks = rank_views(state)
+    return max(r.kv_blocks_total for r in ranks) if ranks else state.report.kv_blocks_total
+
+
 def affinity_credit(share: float, config: DecodePolicyConfig) -> float:
     """What holding `share` (0..1) of the sequence's chain takes off a worker's score."""
     return config.affinity_weight * min(max(share, 0.0), 1.0)
@@ -110,5 +118,10 @@ def choose_decode_worker(
         if best is None or score < best[0]:
             best = (score, state, num_blocks)
     if best is None:
+        largest = max(_pool_blocks(state) for state in workers)
+        needed = max(blocks_needed(num_kv_tokens, state.report.block_size) for state in workers)
+        if needed > largest:
+            pools = f"{num_kv_tokens} tokens need {needed} KV blocks, the largest decode worker's pool has {largest}"
+            return DecodeChoice(None, f"{HANDOFF_TOO_LONG}: {pools}")
         return DecodeChoice(None, "overloaded", retry_after_s=config.retry_after_s)
     return DecodeChoice(best[1].worker_id, num_blocks=best[2])

@@ -134,7 +134,7 @@ class DecodeWorker(Worker):
         """Offer one unfinished sequence to another decode worker; else have the gateway migrate it."""
         request = held.request
         new_token_ids = output_token_ids[len(request.output_token_ids) :]
-        accepted = await self.handoffs.send(request, new_token_ids, kv, MOVE_TIMEOUT_S)
+        accepted = not await self.handoffs.send(request, new_token_ids, kv, MOVE_TIMEOUT_S)
         if not accepted:
             message = f"decode worker {self.worker_id} shut down and no other took the sequence"
             await self.publish_error(request, "worker_lost", message, retryable=True)

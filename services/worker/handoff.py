@@ -18,7 +18,16 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_any, s
 from tenacity.stop import stop_base
 
 from ferry.kvstore import KvStoreError
-from ferry.protocol import GenerateRequest, Handoff, HandoffReply, ProtocolError, decode, encode, subjects
+from ferry.protocol import (
+    HANDOFF_TOO_LONG,
+    GenerateRequest,
+    Handoff,
+    HandoffReply,
+    ProtocolError,
+    decode,
+    encode,
+    subjects,
+)
 from ferry_services.worker.events import handoff_blocks
 
 log = logging.getLogger(__name__)
@@ -52,13 +61,13 @@ class HandoffSender:
         self.num_blocks_skipped = 0
         """Hand-off blocks not written because the store held them already."""
 
-    async def send(self, request: GenerateRequest, new_token_ids: list[int], kv, timeout_s: float) -> bool:
+    async def send(self, request: GenerateRequest, new_token_ids: list[int], kv, timeout_s: float) -> str:
         """Store the KV (`PrefilledKV` of prompt + outputs so far), then offer the sequence with
-        `new_token_ids` appended to its outputs; True once a decode-balancer accepted it."""
+        `new_token_ids` appended to its outputs; '' once a decode-balancer accepted it, else why not."""
         handoff = await self.store_kv(request, new_token_ids, kv)
-        accepted = await self.offer(handoff, timeout_s)
-        self.num_accepted += accepted
-        return accepted
+        refusal = await self.offer(handoff, timeout_s)
+        self.num_accepted += not refusal
+        return refusal
 
     async def store_kv(self, request: GenerateRequest, new_token_ids: list[int], kv) -> Handoff:
         """Write the sequence's KV blocks; a store that fails means a hand-off without KV (recompute)."""
@@ -92,20 +101,21 @@ class HandoffSender:
         if num_stored < len(hashes):
             await self.store.put_blocks(hashes[num_stored:], data[num_stored:])
 
-    async def offer(self, handoff: Handoff, timeout_s: float) -> bool:
-        """Ask the decode-balancers, backing off exponentially, until one accepts, the request is
-        cancelled, or the next try would start after `timeout_s`."""
+    async def offer(self, handoff: Handoff, timeout_s: float) -> str:
+        """Ask the decode-balancers, backing off exponentially, until one accepts ('' then), the request is
+        cancelled, one says no decode worker could ever take it (HANDOFF_TOO_LONG), or the next try would
+        start after `timeout_s`; else the last reason why not."""
         request_id = handoff.request.request_id
         retrying = AsyncRetrying(
             wait=wait_exponential(multiplier=FIRST_RETRY_DELAY_S, max=MAX_RETRY_DELAY_S),
             stop=stop_any(stop_before_delay(timeout_s), _StopIf(lambda: self.is_cancelled(request_id))),
-            retry=retry_if_result(bool),  # a reason why not: try again
+            retry=retry_if_result(_worth_a_retry),  # a reason why not: try again, unless it is for good
             retry_error_callback=_last_result,  # gave up: the last reason
         )
         reason: str = await retrying(self._offer_once, handoff)
         if reason:
             log.warning("hand-off of %s not accepted: %s", request_id, reason)
-        return not reason
+        return reason
 
     async def _offer_once(self, handoff: Handoff) -> str:
         """'' when accepted, else why not."""
@@ -119,6 +129,10 @@ class HandoffSender:
         if isinstance(answer, HandoffReply):
             return "" if answer.accepted else answer.reason or "rejected"
         return f"{getattr(answer, 'code', '?')}: {getattr(answer, 'message', answer)}"
+
+
+def _worth_a_retry(reason: str) -> bool:
+    return bool(reason) and not reason.startswith(HANDOFF_TOO_LONG)
 
 
 class _StopIf(stop_base):

@@ -19,6 +19,7 @@ from ferry.bus import trace
 from ferry.kvstore import KvStoreError
 from ferry.kvstore.index import MAX_HASHES_PER_EVENT
 from ferry.protocol import (
+    HANDOFF_TOO_LONG,
     Cancel,
     GenerateRequest,
     KvEvent,
@@ -199,9 +200,11 @@ class PrefillWorker(Worker):
 
     async def hand_off(self, request: GenerateRequest, new_token_ids: list[int], kv) -> None:
         """KV to the store, the sequence to a decode worker; only then is the message acked."""
-        accepted = await self.handoffs.send(request, new_token_ids, kv, self.settings.handoff_timeout_s)
+        refusal = await self.handoffs.send(request, new_token_ids, kv, self.settings.handoff_timeout_s)
         if not self.ledger.is_current(request):
             return  # cancelled (or replaced by a newer attempt) meanwhile; that settled it
-        if not accepted:
+        if refusal.startswith(HANDOFF_TOO_LONG):  # retrying (or migrating) cannot help: the client's to shorten
+            await self.publish_error(request, "bad_request", f"no decode worker can hold it ({refusal})", False)
+        elif refusal:
             await self.publish_error(request, "overloaded", "no decode worker took the sequence", retryable=True)
         await self.apply(self.ledger.done(request))

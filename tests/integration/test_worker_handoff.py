@@ -15,6 +15,7 @@ from ferry.engine.outputs import PrefilledKV
 from ferry.kvstore.redis_transport import RedisTransport
 from ferry.kvstore.store import KvStore
 from ferry.protocol import (
+    HANDOFF_TOO_LONG,
     GenerateRequest,
     Handoff,
     HandoffReply,
@@ -30,10 +31,10 @@ pytestmark = pytest.mark.integration
 
 
 class Balancer:
-    """Answers `ferry.handoff`: rejects the first `num_rejects` offers, then accepts."""
+    """Answers `ferry.handoff`: rejects the first `num_rejects` offers (for `reason`), then accepts."""
 
-    def __init__(self, nc, num_rejects: int) -> None:
-        self.nc, self.num_rejects = nc, num_rejects
+    def __init__(self, nc, num_rejects: int, reason: str = "overloaded") -> None:
+        self.nc, self.num_rejects, self.reason = nc, num_rejects, reason
         self.arrivals: list[float] = []
 
     async def start(self) -> None:
@@ -44,7 +45,7 @@ class Balancer:
         handoff = decode(msg.data, Handoff)
         self.arrivals.append(time.monotonic())
         accepted = len(self.arrivals) > self.num_rejects
-        reply = HandoffReply(handoff.request.request_id, accepted, reason="" if accepted else "overloaded")
+        reply = HandoffReply(handoff.request.request_id, accepted, reason="" if accepted else self.reason)
         await msg.respond(encode(reply))
 
 
@@ -60,7 +61,7 @@ def sender(nc, cancelled: frozenset[str] | set[str] = frozenset()) -> HandoffSen
 async def test_an_offer_is_retried_with_growing_delays_until_accepted(nc):
     balancer = Balancer(nc, num_rejects=3)
     await balancer.start()
-    assert await sender(nc).offer(handoff(), timeout_s=10)
+    assert await sender(nc).offer(handoff(), timeout_s=10) == ""  # accepted
     assert len(balancer.arrivals) == 4
     gaps = [b - a for a, b in zip(balancer.arrivals, balancer.arrivals[1:])]
     for gap, delay_s in zip(gaps, (0.05, 0.1, 0.2)):
@@ -71,7 +72,7 @@ async def test_an_offer_gives_up_before_a_try_would_start_after_the_timeout(nc):
     balancer = Balancer(nc, num_rejects=1000)
     await balancer.start()
     start = time.monotonic()
-    assert not await sender(nc).offer(handoff(), timeout_s=0.5)
+    assert await sender(nc).offer(handoff(), timeout_s=0.5) == "overloaded"
     # tries at about 0, 0.05, 0.15, 0.35 s; the next (0.4 s later) would start after 0.5 s
     assert 3 <= len(balancer.arrivals) <= 4 and balancer.arrivals[-1] - start < 0.5
 
@@ -89,14 +90,22 @@ async def test_an_offer_stops_once_the_request_is_cancelled(nc):
         return await original(h)
 
     offers._offer_once = offer_once
-    assert not await offers.offer(handoff(), timeout_s=10)
+    assert await offers.offer(handoff(), timeout_s=10) == "overloaded"
     assert len(balancer.arrivals) == 3
 
 
 async def test_with_no_balancer_at_all_the_offer_times_out(nc):
     start = time.monotonic()
-    assert not await sender(nc).offer(handoff(), timeout_s=0.3)
+    assert await sender(nc).offer(handoff(), timeout_s=0.3) == "no decode-balancer answered"
     assert time.monotonic() - start < 1.5
+
+
+async def test_an_offer_no_decode_worker_could_ever_take_is_not_retried(nc):
+    reason = f"{HANDOFF_TOO_LONG}: 70 tokens need 5 KV blocks, the largest decode worker's pool has 4"
+    balancer = Balancer(nc, num_rejects=1000, reason=reason)
+    await balancer.start()
+    assert await sender(nc).offer(handoff(), timeout_s=10) == reason
+    assert len(balancer.arrivals) == 1
 
 
 def prefilled(tokens: list[int], block_size: int, fill: float) -> PrefilledKV:

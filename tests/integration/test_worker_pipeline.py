@@ -293,6 +293,28 @@ async def test_a_hand_off_with_no_room_waits_in_the_decode_worker_and_is_never_l
     assert decode_worker.num_transferred == 1 and len(decode_worker.ledger) == 0
 
 
+async def test_a_sequence_longer_than_every_decode_pool_gets_an_error_at_once(
+    nc, nats_url, redis_url, redis, tiny_model, client
+):
+    """A decode pool (4 blocks) smaller than the prefill worker's: a 70-token prompt is prefilled, but no decode
+    worker can ever hold it. The client hears so at once, as a bad request that says why, instead of an
+    'overloaded' after a minute of hand-off retries."""
+    system = System(nats_url, redis_url, tiny_model, role_overrides={"decode": {"num_kv_blocks": 4}})
+    await system.start()
+    await system.until_reported()
+    try:
+        started = time.monotonic()
+        assert (await client.submit("r3", PROMPTS[3])).accepted
+        await wait_until(lambda: client.errors, "an error event for r3", timeout_s=20)
+        (error,) = client.errors
+        assert (error.request_id, error.code, error.retryable) == ("r3", "bad_request", False)
+        assert "too_long: 70 tokens need 5 KV blocks, the largest decode worker's pool has 4" in error.message
+        assert time.monotonic() - started < 10
+        await wait_until(lambda: not len(system.workers["prefill-t"].ledger), "the prefill worker lets go of r3")
+    finally:
+        await system.stop()
+
+
 async def test_cancel_mid_stream_frees_blocks_on_every_worker(system, client):
     long = SamplingParams(max_tokens=500, temperature=0, ignore_eos=True)  # 36 of the 64 blocks
     assert (await client.submit("long", PROMPTS[3], long)).accepted

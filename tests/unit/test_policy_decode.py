@@ -4,6 +4,7 @@ import pytest
 from test_balancing_view import report
 
 from ferry.balancing.view import WorkerView
+from ferry.protocol import HANDOFF_TOO_LONG
 from ferry_services.decode_balancer.affinity import SessionAffinity
 from ferry_services.decode_balancer.policy import (
     DecodePolicyConfig,
@@ -73,6 +74,15 @@ def test_no_workers_and_overloaded():
     view = view_of(a=dict(num_running=8))
     choice = choose_decode_worker(view.routable(0.0), 10, CONFIG)
     assert (choice.worker_id, choice.reason, choice.retry_after_s) == (None, "overloaded", 0.5)
+
+
+def test_a_sequence_no_workers_whole_pool_holds_is_too_long_not_overloaded():
+    view = view_of(a=dict(), b=dict(kv_blocks_total=200, kv_blocks_used=150))  # block size 16
+    choice = choose_decode_worker(view.routable(0.0), 3200, CONFIG)  # 201 blocks: more than either pool
+    assert choice.worker_id is None and choice.reason.startswith(HANDOFF_TOO_LONG)
+    assert "201 KV blocks" in choice.reason and "pool has 200" in choice.reason
+    choice = choose_decode_worker(view.routable(0.0), 1700, CONFIG)  # 107 blocks: b's pool, were it free
+    assert (choice.worker_id, choice.reason) == (None, "overloaded")
 
 
 def test_config_rejects_zero_weights():

@@ -19,6 +19,7 @@ from ferry.protocol.codec import (
 )
 from ferry.protocol.messages import (
     FINISH_REASONS,
+    HANDOFF_TOO_LONG,
     KV_TIERS,
     ROLES,
     BlockRef,
@@ -50,6 +51,7 @@ from ferry.protocol.messages import (
 
 __all__ = [
     "FINISH_REASONS",
+    "HANDOFF_TOO_LONG",
     "HASH_BYTES",
     "KV_TIERS",
     "MAX_MESSAGE_BYTES",

@@ -169,6 +169,12 @@ class HandoffReply:
     accepted: bool
     worker_id: str = ""
     reason: str = ""
+    """Why not, when not accepted: 'overloaded' and 'no_workers' pass (try again), one starting with
+    HANDOFF_TOO_LONG does not (no decode worker's whole pool holds the sequence)."""
+
+
+HANDOFF_TOO_LONG = "too_long"
+"""HandoffReply.reason's prefix when no decode worker could ever take the sequence: retrying cannot help."""
 
 
 @dataclass(slots=True)
