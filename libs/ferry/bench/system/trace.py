@@ -31,6 +31,7 @@ from ferry.bench.http_client import build_body, stream_completion
 from ferry.bench.online import detect_model, make_calls
 from ferry.bench.system.run import engine_ttft, make_engine, start_system
 from ferry.bench.workload import WorkloadConfig, make_workload
+from ferry.model.config import read_config
 from ferry.model.source import resolve_model
 
 HOPS = [
@@ -71,9 +72,11 @@ def stamp_socket_writes() -> list[float]:
 WRITES = stamp_socket_writes()
 
 
-async def send_all(base_url: str, model_name: str, num_requests: int, seed: int, engine=None) -> list[dict]:
+async def send_all(
+    base_url: str, model_name: str, vocab_size: int, num_requests: int, seed: int, engine=None
+) -> list[dict]:
     """One request at a time; with `engine`, the same prompt in-process first (as run.py pairs them)."""
-    workload = WorkloadConfig(num_requests=num_requests, seed=seed)
+    workload = WorkloadConfig(num_requests=num_requests, seed=seed, vocab_size=vocab_size)
     calls = make_calls(workload, "ids")
     stamps = []
     async with httpx.AsyncClient() as client:
@@ -182,9 +185,10 @@ def main() -> int:
     process, base_url = start_system(model, trace_file.parent / "run", workers, env=env)
     try:
         model_name = detect_model(base_url)  # the name the gateway serves it under (no '.gguf')
-        asyncio.run(send_all(base_url, model_name, 2, 10**6))  # warm-up
+        vocab_size = read_config(model).vocab_size  # prompts of token ids the model has
+        asyncio.run(send_all(base_url, model_name, vocab_size, 2, 10**6))  # warm-up
         trace_file.write_text("")
-        stamps = asyncio.run(send_all(base_url, model_name, args.requests, args.seed, engine))
+        stamps = asyncio.run(send_all(base_url, model_name, vocab_size, args.requests, args.seed, engine))
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
