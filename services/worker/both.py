@@ -43,15 +43,15 @@ class BothWorker(PrefillWorker):
         return outputs
 
     async def after_step(self, outputs: list) -> None:
-        finished = [(o.request_id, self.ledger.owner(o.request_id)) for o in outputs if o.finish_reason is not None]
+        owners = [(o, self.ledger.owner(o.request_id)) for o in outputs]  # before a finished one is released
         await Worker.after_step(self, outputs)  # publish the tokens; a finished sequence settles its message
         if self.settings.kv_writeback:
-            for sequence_id, request in finished:
-                if request is not None:
-                    self.queue_write_back(functools.partial(self._write_back, sequence_id, request))
-        if trace.enabled():
-            for out in outputs:
-                trace.hop(out.request_id, "bw.published")
+            for out, request in owners:
+                if out.finish_reason is not None and request is not None:
+                    self.queue_write_back(functools.partial(self._write_back, out.request_id, request))
+        if trace.enabled():  # by the request's id, as the gateway stamps it (out.request_id is the engine's)
+            for request in filter(None, (request for _, request in owners)):
+                trace.hop(request.request_id, "bw.published")
         while self.pool_changes:
             await self.publish_pool_changes(*self.pool_changes.popleft())
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import sys
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -111,3 +114,19 @@ async def test_connect_never_logs_credentials(caplog):
     shown = [r.getMessage() for r in caplog.records] + [str(unreachable.value), str(refused.value)]
     assert any("not reachable" in line for line in shown) and "***" in str(refused.value)
     assert not [line for line in shown if secret in line or "the-right-token" in line]
+
+
+def _niceness_of_every_thread(pid: int) -> set[int]:
+    """Field 19 of /proc/<pid>/task/<tid>/stat for each thread (the 17th after the ')' that ends the name)."""
+    stats = [(task / "stat").read_text() for task in Path(f"/proc/{pid}/task").iterdir()]
+    return {int(stat[stat.rindex(")") + 2 :].split()[16]) for stat in stats}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc and per-thread niceness are Linux's")
+def test_servers_started_with_a_niceness_run_every_thread_at_it():
+    base = os.nice(0)
+    with start_nats(nice=5) as nats_server, start_redis(nice=5) as redis_server:
+        for server in (nats_server, redis_server):
+            assert _niceness_of_every_thread(server.process.pid) == {min(base + 5, 19)}
+    with start_nats() as plain:
+        assert _niceness_of_every_thread(plain.process.pid) == {base}

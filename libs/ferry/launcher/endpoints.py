@@ -15,17 +15,20 @@ DEFAULT_NATS_MONITOR_PORT = 8222
 
 
 def start_servers(args: argparse.Namespace, stack: contextlib.ExitStack) -> tuple[str, str, str]:
-    """NATS URL, its monitoring URL ('' when not started here) and Redis URL."""
+    """NATS URL, its monitoring URL ('' when not started here) and Redis URL. Servers started here get
+    args.support_nice, as the gateway and balancers do: under a burst their wake-ups wait for the workers'
+    OpenMP threads instead of preempting one mid-step."""
     from ferry.launcher import servers
 
     nats_url, monitor_url, redis_url = args.nats_url, "", args.redis_url
+    nice = getattr(args, "support_nice", 0) or 0
     if not nats_url:
         port = _port(args.nats_port, DEFAULT_NATS_PORT, "--nats-port")
         monitor_port = _port(args.nats_monitor_port, DEFAULT_NATS_MONITOR_PORT, "--nats-monitor-port")
-        nats = stack.enter_context(servers.start_nats(port=port, monitor_port=monitor_port))
+        nats = stack.enter_context(servers.start_nats(port=port, monitor_port=monitor_port, nice=nice))
         nats_url, monitor_url = nats.url, nats.monitor_url
     if not redis_url:
-        redis_url = stack.enter_context(servers.start_redis()).url
+        redis_url = stack.enter_context(servers.start_redis(nice=nice)).url
     return nats_url, monitor_url, redis_url
 
 

@@ -7,6 +7,7 @@ connect at once. `stop()` terminates the process and removes the folder.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -92,11 +93,12 @@ def start_nats(
     binary: str | None = None,
     monitor_port: int | None = None,
     extra_args: Sequence[str] = (),
+    nice: int = 0,
 ) -> ServerHandle:
     """nats-server with JetStream; its store in `store_dir` (kept) or a temporary folder (removed by stop).
 
     `monitor_port` turns on the HTTP monitoring endpoint (0 = a free port); `extra_args` go to
-    nats-server as they are (e.g. `--auth <token>`)."""
+    nats-server as they are (e.g. `--auth <token>`); `nice` is added to its niceness."""
     binary = binary or find_binary("nats-server", ("/usr/sbin/nats-server", "/usr/local/bin/nats-server"))
     workdir, owns = _workdir("ferry-nats-", store_dir)
     port = port or free_port(host)
@@ -109,7 +111,7 @@ def start_nats(
         monitor_port = monitor_port or free_port(host)
         cmd += ["-m", str(monitor_port)]
         monitor_url = f"http://{host}:{monitor_port}"
-    handle = _spawn("nats-server", cmd, f"nats://{host}:{port}", port, workdir, owns, log_path)
+    handle = _spawn("nats-server", cmd, f"nats://{host}:{port}", port, workdir, owns, log_path, nice)
     handle.monitor_url = monitor_url
     _wait_ready(handle, host, lambda s: f'"server_name":"{server_name}"'.encode() in _read_until(s, b"\r\n"))
     return handle
@@ -121,8 +123,10 @@ def start_redis(
     host: str = "127.0.0.1",
     binary: str | None = None,
     data_dir: str | Path | None = None,
+    nice: int = 0,
 ) -> ServerHandle:
-    """redis-server without persistence; `maxmemory` (e.g. '256mb') enables LRU eviction (allkeys-lru)."""
+    """redis-server without persistence; `maxmemory` (e.g. '256mb') enables LRU eviction (allkeys-lru);
+    `nice` is added to its niceness."""
     binary = binary or find_binary("redis-server", ("/usr/bin/redis-server", "/usr/local/bin/redis-server"))
     workdir, owns = _workdir("ferry-redis-", data_dir)
     port = port or free_port(host)
@@ -146,7 +150,7 @@ def start_redis(
     ]
     if maxmemory:
         cmd += ["--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru"]
-    handle = _spawn("redis-server", cmd, f"redis://{host}:{port}/0", port, workdir, owns, log_path)
+    handle = _spawn("redis-server", cmd, f"redis://{host}:{port}/0", port, workdir, owns, log_path, nice)
     pid = f"process_id:{handle.process.pid}\r\n".encode()
     _wait_ready(handle, host, lambda s: s.sendall(b"INFO server\r\n") or pid in _read_until(s, pid))
     return handle
@@ -160,11 +164,17 @@ def _workdir(prefix: str, given: str | Path | None) -> tuple[Path, bool]:
     return Path(tempfile.mkdtemp(prefix=prefix)), True
 
 
-def _spawn(name: str, cmd: list[str], url: str, port: int, workdir: Path, owns: bool, log_path: Path) -> ServerHandle:
+def _spawn(
+    name: str, cmd: list[str], url: str, port: int, workdir: Path, owns: bool, log_path: Path, nice: int = 0
+) -> ServerHandle:
     # Own session: a Ctrl-C meant for `ferry up` or pytest reaches us, and we stop the server in order.
     # Start-up errors go to stderr before the log file exists; a file never fills up like a pipe.
+    # The niceness is set before exec, so every thread the server starts inherits it.
+    prepare = functools.partial(os.nice, nice) if nice and hasattr(os, "nice") else None
     with open(workdir / f"{name}.stderr", "wb") as stderr:
-        process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+        process = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True, preexec_fn=prepare
+        )
     return ServerHandle(
         name=name, url=url, port=port, process=process, workdir=workdir, log_path=log_path, owns_workdir=owns
     )

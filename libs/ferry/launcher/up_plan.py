@@ -125,7 +125,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--support-nice",
         type=int,
-        help="niceness added to the gateway, balancers and kvcache, so that on a busy CPU the workers' "
+        help="niceness added to the gateway, balancers and kvcache (and the nats-server and redis-server that "
+        "ferry up starts), so that on a busy CPU the workers' "
         "OpenMP teams are preempted less; with a niceness the gateway's event loop also runs SCHED_BATCH on Linux "
         "while $FERRY_SCHED_BATCH_FROM (4) or more streams are open (no wake-up preemption under a burst; 0: never) "
         f"(default {SUPPORT_NICE} on <= {SMALL_MACHINE_CORES} cores, else 0)",

@@ -115,36 +115,28 @@ def make_engine(model: Path, threads: int | None):
 
 
 # ---- the system over HTTP ----------------------------------------------------------------------
+def system_command(model: Path, port: int, run_dir: Path, args: argparse.Namespace) -> list[str]:
+    """`ferry up` with ENGINE_ARGS (the in-process engine's settings), args' threads and, where given (not
+    None), worker counts: without them `ferry up` picks its own layout (one both-roles worker on a small
+    machine), the one users get; args.up_args, when set: more `ferry up` options."""
+    cmd = [sys.executable, "-m", "ferry.cli", "up", "--model", str(model), "--port", str(port)]
+    for flag, value in (("--prefill-workers", args.prefill_workers), ("--decode-workers", args.decode_workers)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    cmd += ["--num-kv-blocks", str(ENGINE_ARGS["num_kv_blocks"]), "--max-running", str(ENGINE_ARGS["max_num_seqs"])]
+    cmd += ["--max-batch-tokens", str(ENGINE_ARGS["max_num_batched_tokens"]), "--run-dir", str(run_dir)]
+    if args.torch_threads:
+        cmd += ["--torch-threads", str(args.torch_threads)]
+    return cmd + list(getattr(args, "up_args", None) or [])  # trace.py's --layout
+
+
 def start_system(
     model: Path, run_dir: Path, args: argparse.Namespace, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen, str]:
-    """`ferry up` with ENGINE_ARGS (the in-process engine's settings) and args' worker counts and threads;
-    env: its environment (default: this process's)."""
+    """`ferry up` as `system_command` builds it, on a free port; env: its environment (default: this
+    process's)."""
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "ferry.cli",
-        "up",
-        "--model",
-        str(model),
-        "--port",
-        str(port),
-        "--prefill-workers",
-        str(args.prefill_workers),
-        "--decode-workers",
-        str(args.decode_workers),
-        "--num-kv-blocks",
-        str(ENGINE_ARGS["num_kv_blocks"]),
-        "--max-running",
-        str(ENGINE_ARGS["max_num_seqs"]),
-        "--max-batch-tokens",
-        str(ENGINE_ARGS["max_num_batched_tokens"]),
-        "--run-dir",
-        str(run_dir),
-    ]
-    if args.torch_threads:
-        cmd += ["--torch-threads", str(args.torch_threads)]
+    cmd = system_command(model, port, run_dir, args)
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert process.stdout is not None  # stdout=PIPE
     for line in process.stdout:

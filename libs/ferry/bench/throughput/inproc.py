@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -40,6 +41,7 @@ def main() -> None:
     engine.add_request("warm", requests[0].prompt_token_ids[:16], warm)
     while engine.has_unfinished_requests():
         engine.step()
+    cpu_before = thread_cpu_s()
     start = time.perf_counter()
     for r in requests:
         engine.add_request(str(r.index), r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.0))
@@ -50,6 +52,7 @@ def main() -> None:
             first.setdefault(out.request_id, time.perf_counter() - start)
             outputs[out.request_id] += len(out.new_token_ids)
     wall = time.perf_counter() - start
+    threads = thread_cpu_delta(cpu_before, thread_cpu_s())
     num_in = sum(len(r.prompt_token_ids) for r in requests)
     attention = burst.attention_flops(
         engine.lm.config, [(len(r.prompt_token_ids), outputs[str(r.index)]) for r in requests]
@@ -58,7 +61,29 @@ def main() -> None:
     row = burst.figures(wall, num_out, num_in, list(first.values()), model_flops_per_token(engine.lm), attention)
     row["threads"] = torch.get_num_threads()
     row["mean_batch_size"] = engine.stats().mean_batch_size
+    row["cpu_s"] = sum(threads.values())
+    row["thread_cpu_s"] = {name: round(s, 3) for name, s in threads.items() if s >= 0.005}
     print(json.dumps(row))
+
+
+def thread_cpu_s(pid: int | str = "self") -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of a process so far, keyed 'tid:name' (/proc, Linux)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        out[f"{task.name}:{name}"] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return out
+
+
+def thread_cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds per thread between two `thread_cpu_s` snapshots, most first."""
+    rows = ((key, s - before.get(key, 0.0)) for key, s in after.items())
+    return dict(sorted(rows, key=lambda kv: -kv[1]))
 
 
 if __name__ == "__main__":
