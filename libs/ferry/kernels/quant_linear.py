@@ -176,12 +176,51 @@ def bf16_copy_bytes() -> int:
     return _bf16_copy_bytes
 
 
-def bf16_copy_matmul(x: torch.Tensor, copy: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """x [M, K] fp32 or bf16 -> [M, N] out_dtype: x rounded to bf16, multiplied by oneDNN with a bf16 weight it
-    packed (ferry.model.cpu_linear.pack of the dequantized weight: QuantLinear.bf16_copy), summed in fp32 and
-    rounded to bf16 by oneDNN (then widened to fp32 unless out_dtype is bf16)."""
+def bf16_copy_matmul(
+    x: torch.Tensor, copy: torch.Tensor, out_dtype: torch.dtype = torch.float32, out_features: int | None = None
+) -> torch.Tensor:
+    """x [M, K] fp32 or bf16 -> [M, N] out_dtype: x rounded to bf16, multiplied with a bf16 copy of the weight made
+    by pack_bf16_copy (QuantLinear.bf16_copy), summed in fp32. A copy packed for our AMX kernel (6-D, pack_bf16_amx;
+    out_features: N, default its padded column count) goes to csrc/bf16_amx.h, which rounds the output to bf16
+    only where out_dtype is bf16; a copy packed for oneDNN (2-D) to oneDNN, which rounds it to bf16 (then widened
+    to fp32 unless out_dtype is bf16)."""
+    if copy.dim() == 6:
+        n = out_features or copy.shape[0] * 32
+        return torch.ops.ferry_cpu.bf16_amx_linear.default(
+            x.contiguous(), copy, n, out_dtype == torch.bfloat16, BF16_AMX_PREFETCH
+        )
     rows = x.to(torch.bfloat16, memory_format=torch.contiguous_format)
     return torch.ops.mkldnn._linear_pointwise(rows, copy, None, "none", [], "").to(out_dtype)
+
+
+def pack_bf16_amx(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] (any float dtype) -> bf16 [ceil(N / 32), ceil(K / 32), 2, 16, 16, 2], csrc/bf16_amx.h's
+    layout: per group of 32 columns and 32-input chunk, two AMX B tiles (columns 0-15, 16-31), each 16 input pairs
+    x 16 columns x 2 inputs; N and K padded with zeros."""
+    n, k = weight.shape
+    groups, chunks = -(-n // 32), -(-k // 32)
+    padded = torch.zeros(groups * 32, chunks * 32, dtype=torch.bfloat16)
+    padded[:n, :k] = weight
+    # [group, column tile, column, chunk, pair, input of the pair] -> [group, chunk, column tile, pair, column, input]
+    return padded.view(groups, 2, 16, chunks, 16, 2).permute(0, 3, 1, 4, 2, 5).contiguous()
+
+
+def bf16_amx_usable() -> bool:
+    """The C++ kernels were built with the AMX bf16 GEMM and this process may use the tiles (the CPU has AMX-BF16
+    and Linux granted the tile state)."""
+    if "bf16" not in _dot_usable:
+        _dot_usable["bf16"] = kernel_built() and bool(torch.ops.ferry_cpu.bf16_amx())
+    return _dot_usable["bf16"]
+
+
+def pack_bf16_copy(weight: torch.Tensor) -> torch.Tensor | None:
+    """A bf16 weight [N, K] packed once for bf16_copy_matmul: for our AMX kernel where BF16_AMX is on and the tiles
+    are usable, else for oneDNN (ferry.model.cpu_linear.pack; None where torch has no oneDNN)."""
+    if BF16_AMX and bf16_amx_usable():
+        return pack_bf16_amx(weight)
+    from ferry.model import cpu_linear
+
+    return cpu_linear.pack(weight)
 
 
 def _switch(name: str, on: str, off: str) -> bool:
@@ -201,6 +240,19 @@ changes is one more rounding of the gate/up outputs and attention's inputs and s
 with AMX, SmolLM2 burst, ops/bench/throughput/reports/20261205-prefill/prefill_ops.txt): of the 4 prefill steps'
 2.66 s of op time, the bf16 matmuls were 0.85 s, fp32 flash attention 0.69 s and dtype casts 0.53 s.
 FERRY_QUANT_BF16_ACTIVATIONS=0 (read once at import) keeps every activation fp32 between the matmuls."""
+
+
+def _bf16_amx() -> bool:
+    return _switch("FERRY_QUANT_BF16_AMX", "our AMX bf16 kernel", "oneDNN")
+
+
+BF16_AMX = _bf16_amx()
+"""Whether the bf16 weight copies (BF16_COPY_FROM_ROWS) are packed for our AMX bf16 GEMM (csrc/bf16_amx.h) instead
+of oneDNN, where the kernel could ask Linux for the tile state. FERRY_QUANT_BF16_AMX=0, read once at import,
+packs them for oneDNN as before. (Numbers: see the throughput README's twelfth round.)"""
+
+BF16_AMX_PREFETCH = 0
+"""How far ahead of a thread's weight stream csrc/bf16_amx.h prefetches, in bytes (0: none)."""
 
 
 INT8_ACTIVATIONS = _switch("FERRY_QUANT_INT8_ACTIVATIONS", "int8 activations", "fp32")
