@@ -44,7 +44,7 @@ SHAPES = [(960, 576), (77, 45), (100, 1536), (33, 31), (32, 32), (5, 200)]  # [N
 
 
 @pytest.mark.parametrize("n, k", SHAPES)
-@pytest.mark.parametrize("rows", [1, 7, 8, 16, 17, 31, 32, 33, 48, 64, 100, 300])
+@pytest.mark.parametrize("rows", [1, 7, 8, 16, 17, 31, 32, 33, 48, 64, 100, 300, 700])
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
 def test_the_kernel_sums_the_bf16_products_in_fp32(amx, n, k, rows, x_dtype):
     gen = torch.Generator().manual_seed(n + k + rows)

@@ -111,7 +111,7 @@ the copy serves these calls instead (no per-call dequantization)."""
 
 
 def _bf16_copy_from_rows() -> int:
-    return _rows_setting("FERRY_QUANT_BF16_COPY_FROM_ROWS", 24, "keep no bf16 copy")
+    return _rows_setting("FERRY_QUANT_BF16_COPY_FROM_ROWS", 16, "keep no bf16 copy")
 
 
 BF16_COPY_FROM_ROWS = _bf16_copy_from_rows()
