@@ -13,7 +13,8 @@ The CPU has two kernels, and a weight is packed once at load (pack_cpu) for the 
   machines without AVX2 and with FERRY_QUANT_INT8_ACTIVATIONS=0.
 On a CPU with AMX (FERRY_QUANT_BF16_FROM_ROWS to change), a call of 512 rows or more (a prefill step)
 instead dequantizes the weight to bfloat16 for that call and multiplies in bfloat16 through torch (oneDNN's
-AMX tiles); see BF16_FROM_ROWS.
+AMX tiles); see BF16_FROM_ROWS. Calls of BF16_COPY_FROM_ROWS rows or more multiply a bf16 copy of the weight kept
+at load instead, with our AMX bf16 GEMM (csrc/bf16_amx.h; BF16_AMX).
 """
 
 from __future__ import annotations
@@ -116,17 +117,18 @@ def _bf16_copy_from_rows() -> int:
 
 BF16_COPY_FROM_ROWS = _bf16_copy_from_rows()
 """Where > 0, every CPU QuantLinear keeps, beside its codes, a bfloat16 copy of its dequantized weight packed once
-for oneDNN (QuantLinear.bf16_copy, made at prepack), and multiplies calls of this many rows or more with it (AMX tiles)
-instead of the int8-activation kernel or BF16_FROM_ROWS' per-call dequantization; shorter calls keep the kernel,
-bit for bit. 0: no copy. The copies together stay within BF16_COPY_MAX_BYTES. Default 24 on a CPU with AMX,
-else 0; read once at import. The cost is memory: 2 bytes per weight beside the codes' ~0.6 (SmolLM2-135M: ~270 MB
-of bf16 copies beside ~70 MB of int4 codes). The model
-still holds and reports its quantized weights (/v1/models says int4); the copy is the same values rounded to
-bf16, a cache for the matmul. On a 2-core Xeon with AMX, a whole SmolLM2 step's matmuls with the weights streamed
-from memory (ops/bench/quant/20261205-xeon-amx-rows): int4 kernel vs the packed bf16 copy 12.7 vs 24.9 ms at 8
-rows, 20.8 vs 28.3 at 16, 48.4 vs 21.7 at 32, 66.1 vs 38.3 at 64, 142 vs 62 at 128, 735 vs 250 at 512 (578 with
-per-call dequantization). Quality as BF16_FROM_ROWS: bf16 activations (SmolLM2 with every row in bf16: 99.2%
-teacher-forced agreement with fp32, KL 0.00055), and a decode row in a batch of 24+ rows goes bf16 too."""
+(QuantLinear.bf16_copy, made at prepack by pack_bf16_copy: for our AMX bf16 GEMM, csrc/bf16_amx.h, or with
+FERRY_QUANT_BF16_AMX=0 for oneDNN), and multiplies calls of this many rows or more with it (AMX tiles) instead of the
+int8-activation kernel or BF16_FROM_ROWS' per-call dequantization; shorter calls keep the kernel, bit for bit. 0: no
+copy. The copies together stay within BF16_COPY_MAX_BYTES. Default 16 on a CPU with AMX, else 0; read once at import.
+The cost is memory: 2 bytes per weight beside the codes' ~0.6 (SmolLM2-135M: ~270 MB of bf16 copies beside ~70 MB of
+int4 codes). The model still holds and reports its quantized weights (/v1/models says int4); the copy is the same
+values rounded to bf16, a cache for the matmul. On a 2-core Xeon with AMX, a whole SmolLM2 step's matmuls with the
+weights streamed from memory (ops/bench/quant/20261205d-xeon-amx-bf16-kernel/amx_rows.json), int4 codes on the AMX
+int8 tiles vs the copy in our kernel: 8.9 vs 11.3 ms at 8 rows, 10.5 vs 11.4 at 12, 11.4 vs 11.7 at 14, 12.3 vs 11.6
+at 16, 20.5 vs 13.6 at 24, 44.6 vs 17.8 at 64 (the copy through oneDNN: 17.4 ms at 16, 24.8 at 64): hence 16 (24
+while the copy went through oneDNN). Quality as BF16_FROM_ROWS: bf16 activations (SmolLM2 with every row in bf16:
+99.2% teacher-forced agreement with fp32, KL 0.00055), and a decode row in a batch of 16+ rows goes bf16 too."""
 
 
 def _bf16_copy_max_bytes() -> int:
@@ -248,11 +250,21 @@ def _bf16_amx() -> bool:
 
 BF16_AMX = _bf16_amx()
 """Whether the bf16 weight copies (BF16_COPY_FROM_ROWS) are packed for our AMX bf16 GEMM (csrc/bf16_amx.h) instead
-of oneDNN, where the kernel could ask Linux for the tile state. FERRY_QUANT_BF16_AMX=0, read once at import,
-packs them for oneDNN as before. (Numbers: see the throughput README's twelfth round.)"""
+of oneDNN, where the kernel could ask Linux for the tile state; the copy is held once either way (a layout per
+kernel). FERRY_QUANT_BF16_AMX=0, read once at import, packs them for oneDNN as before. Both sum bf16 products in fp32
+(TDPBF16PS); ours hands forward the fp32 sums (oneDNN rounded them to bf16), and rounds to bf16 where the caller
+asks (bf16_forward). Why: oneDNN streamed a decode step's weights well under memory speed. On a 2-core Xeon with AMX,
+a whole SmolLM2 step's matmuls, weights streamed (ops/bench/quant/20261205d-xeon-amx-bf16-kernel/amx_rows.json),
+ours vs oneDNN: 11.6 vs 17.4 ms at 16 rows, 14.0 vs 21.0 at 32, 17.8 vs 24.8 at 64, 26.6 vs 35.5 at 128, 113 vs
+119 at 512, 229 vs 267 at 1024, but 508 vs 467 at 2048 (row_block.txt; a prefill step's worst case, kept: the copy
+is not held twice). The ~270 MB copy at 1-16 rows takes 10.8-11.6 ms: ~24 GB/s, this box's memory speed (membw.py:
+a copy moves 13.2 GB/s each way)."""
+
 
 BF16_AMX_PREFETCH = 0
-"""How far ahead of a thread's weight stream csrc/bf16_amx.h prefetches, in bytes (0: none)."""
+"""How far ahead of a thread's weight stream csrc/bf16_amx.h prefetches, in bytes (0: none, the hardware prefetchers
+alone). Software prefetch 2 KB or 8 KB ahead measured no better: within +-5% at 8-32 rows, 7-25% slower at 64-128
+rows (ops/bench/quant/20261205d-xeon-amx-bf16-kernel/first_sweep.txt)."""
 
 
 INT8_ACTIVATIONS = _switch("FERRY_QUANT_INT8_ACTIVATIONS", "int8 activations", "fp32")

@@ -71,7 +71,8 @@ class QuantLinear(nn.Module):
 
     bf16_copy: torch.Tensor | None = None
     """Where kernels.BF16_COPY_FROM_ROWS > 0 (on by default with AMX): the weight dequantized to bfloat16 and packed
-    for oneDNN at prepack, which multiplies calls of that many rows or more (2 bytes a weight beside the codes)."""
+    at prepack (kernels.pack_bf16_copy: for our AMX bf16 GEMM, 6-D, or for oneDNN, 2-D), which multiplies calls of
+    that many rows or more (2 bytes a weight beside the codes)."""
 
     dot_call: tuple | None = None
     """(the int8-activation op, its arguments after x), bound at prepack: a decode step makes ~120 of these
