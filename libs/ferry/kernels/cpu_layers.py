@@ -35,12 +35,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool = Tr
 
 
 def silu_and_mul(x: torch.Tensor, fused: bool = True) -> torch.Tensor:
-    """x [T, 2I] = [gate | up] -> silu(gate) * up [T, I]. The C++ op takes fp32 and bf16 rows (bf16: computed in fp32,
-    rounded once; a prefill step's bf16 activations, quant_linear.BF16_ACTIVATIONS)."""
-    if fused and x.dim() == 2 and x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.stride(-1) == 1:
-        if kernel_built():
-            return torch.ops.ferry_cpu.silu_and_mul(x)
-    elif fused and x.dim() == 2 and fused_ops_usable(x):
+    """x [T, 2I] = [gate | up] -> silu(gate) * up [T, I]."""
+    if fused and x.dim() == 2 and fused_ops_usable(x):
         return torch.ops.ferry_cpu.silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up

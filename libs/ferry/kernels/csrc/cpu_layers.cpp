@@ -62,30 +62,22 @@ inline float silu(float g) {
   return g * ((g >= 0.f ? 1.f : e) / (1.f + e));
 }
 
-template <typename T>
-void silu_and_mul_rows(const T* xd, T* od, int64_t rows, int64_t width, int64_t stride) {
-  at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const T* __restrict gate = xd + t * stride;
-      const T* __restrict up = gate + width;
-      T* __restrict o = od + t * width;
-#pragma omp simd
-      for (int64_t i = 0; i < width; ++i) o[i] = T(silu(float(gate[i])) * float(up[i]));
-    }
-  });
-}
-
-// x [T, 2I] = [gate | up] -> silu(gate) * up [T, I] contiguous (the gated MLP's activation), fp32 or bf16 (computed
-// in fp32, rounded to bf16 once at the end: torch's bf16 ops round silu(gate) first, then the product).
+// x [T, 2I] = [gate | up] -> silu(gate) * up [T, I] contiguous (the gated MLP's activation).
 at::Tensor silu_and_mul(const at::Tensor& x) {
-  TORCH_INTERNAL_ASSERT(x.dim() == 2 && x.stride(1) == 1 && x.size(1) % 2 == 0 &&
-                        (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16));
+  TORCH_INTERNAL_ASSERT(x.dim() == 2 && x.stride(1) == 1 && x.size(1) % 2 == 0 && x.scalar_type() == at::kFloat);
   const int64_t rows = x.size(0), width = x.size(1) / 2, stride = x.stride(0);
   auto out = at::empty({rows, width}, x.options());
-  if (x.scalar_type() == at::kBFloat16)
-    silu_and_mul_rows(x.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(), rows, width, stride);
-  else
-    silu_and_mul_rows(x.data_ptr<float>(), out.data_ptr<float>(), rows, width, stride);
+  const float* xd = x.data_ptr<float>();
+  float* od = out.data_ptr<float>();
+  at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* __restrict gate = xd + t * stride;
+      const float* __restrict up = gate + width;
+      float* __restrict o = od + t * width;
+#pragma omp simd
+      for (int64_t i = 0; i < width; ++i) o[i] = silu(gate[i]) * up[i];
+    }
+  });
   return out;
 }
 
