@@ -104,6 +104,18 @@ inline void bf16_write(const float (*buf)[16], T* out, int64_t n, int64_t row0, 
 
 template <int kRowTiles, typename T>
 FERRY_AMX_BF16_TARGET inline void bf16_store(T* out, int64_t m_rows, int64_t n, int64_t row0, int64_t col) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (row0 + 16 * kRowTiles <= m_rows && col + 32 <= n) {  // whole tiles: straight into out
+      float* o = out + row0 * n + col;
+      _tile_stored(0, o, n * 4);
+      _tile_stored(1, o + 16, n * 4);
+      if constexpr (kRowTiles == 2) {
+        _tile_stored(2, o + 16 * n, n * 4);
+        _tile_stored(3, o + 16 * n + 16, n * 4);
+      }
+      return;
+    }
+  }
   alignas(64) float buf[16][16];
   const int64_t c0 = std::min<int64_t>(16, n - col), c1 = std::min<int64_t>(16, n - col - 16);
   _tile_stored(0, buf, 64);

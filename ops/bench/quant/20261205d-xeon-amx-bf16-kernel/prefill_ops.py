@@ -1,6 +1,6 @@
-"""A prefill step's pieces that this round changed, per call at 1700 rows (a burst's prefill step): the bf16
-silu_and_mul (C++ op vs torch's two bf16 ops) and one layer's four matmuls from a bf16 copy (ours vs oneDNN; gate/up
-and qkv with bf16 out, o and down fp32 out, as BF16_ACTIVATIONS runs them). Best of 5.
+"""One layer's four matmuls from a bf16 copy at 1700 rows (a burst's prefill step), 512 and 64: ours vs oneDNN;
+gate/up and qkv with bf16 out, o and down fp32 out, as BF16_ACTIVATIONS runs them. Best of 5. (The first line of
+prefill_ops.txt timed a bf16 silu_and_mul C++ op, since reverted.)
 
     /work/tools/cpu-bench python ops/bench/quant/20261205d-xeon-amx-bf16-kernel/prefill_ops.py
 """
@@ -8,7 +8,6 @@ and qkv with bf16 out, o and down fp32 out, as BF16_ACTIVATIONS runs them). Best
 import time
 
 import torch
-import torch.nn.functional as F
 
 from ferry.kernels.cpu_decode import kernel
 from ferry.kernels.quant_linear import bf16_copy_matmul, pack_bf16_amx
@@ -30,11 +29,6 @@ def best(fn, repeats=5):
 def main() -> None:
     kernel()
     rows = 1700
-    x = torch.randn(rows, 3072).bfloat16()
-    print(
-        f"silu_and_mul bf16 [{rows}, 3072]: C++ {best(lambda: torch.ops.ferry_cpu.silu_and_mul(x)):.3f} ms, "
-        f"torch {best(lambda: F.silu(x[:, :1536]) * x[:, 1536:]):.3f} ms"
-    )
     ws = [(torch.randn(n, k) * 0.05).bfloat16() for n, k, _ in SHAPES]
     ours = [pack_bf16_amx(w) for w in ws]
     onednn = [cpu_linear.pack(w) for w in ws]
