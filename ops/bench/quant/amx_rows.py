@@ -59,7 +59,7 @@ def main() -> None:
     int8 = [(w.shape[1], pack_for_dot(quantize(w, 8, 32))) for w in dense]
     amx_bf16 = [(w.shape[1], (pack_bf16_amx(w), w.shape[0])) for w in bf16] if bf16_amx_usable() else []
     vnni, amx = partial(dot_quant_matmul, amx_from_rows=0), partial(dot_quant_matmul, amx_from_rows=1)
-    columns = {
+    columns: dict[str, tuple[list, Callable]] = {
         "int4_kernel_ms": (int4, vnni),
         "int4_amx_int8_ms": (int4, amx),
         "int8_kernel_ms": (int8, vnni),
