@@ -258,7 +258,9 @@ a whole SmolLM2 step's matmuls, weights streamed (ops/bench/quant/20261205d-xeon
 ours vs oneDNN: 11.6 vs 17.4 ms at 16 rows, 14.0 vs 21.0 at 32, 17.8 vs 24.8 at 64, 26.6 vs 35.5 at 128, 113 vs
 119 at 512, 229 vs 267 at 1024, but 508 vs 467 at 2048 (row_block.txt; a prefill step's worst case, kept: the copy
 is not held twice). The ~270 MB copy at 1-16 rows takes 10.8-11.6 ms: ~24 GB/s, this box's memory speed (membw.py:
-a copy moves 13.2 GB/s each way)."""
+a copy moves 13.2 GB/s each way). The SmolLM2 burst, with BF16_COPY_FROM_ROWS 16 against oneDNN's 24 (the throughput
+README's twelfth round): in-process engine decode steps of > 8 sequences -9 to -10%, prefill steps +12 to +14%, tok/s
++1 to +3%, TTFT p50 +14%; `ferry up` 365.6 -> 399.4 tok/s (+9%), TTFT p50 1366 -> 1383 ms."""
 
 
 BF16_AMX_PREFETCH = 0
