@@ -37,7 +37,7 @@ SOURCES = [
     for name in ("paged_decode.cpp", "cpu_layers.cpp", "quant_linear.cpp", "quant_dot.cpp")
 ]
 # included by SOURCES: part of the build's identity
-HEADERS = [Path(__file__).with_name("csrc") / name for name in ("cpu_math.h", "quant_dot_amx.h")]
+HEADERS = [Path(__file__).with_name("csrc") / name for name in ("cpu_math.h", "quant_dot_amx.h", "bf16_amx.h")]
 # reassociation (not -ffast-math: the online softmax relies on -inf) lets reductions use vector trees.
 # -fopenmp: at::parallel_for is a header template whose OpenMP team exists only when the extension itself
 # is compiled with OpenMP; without it every parallel_for here ran on one thread. Linked against the

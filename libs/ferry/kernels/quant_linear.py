@@ -13,7 +13,8 @@ The CPU has two kernels, and a weight is packed once at load (pack_cpu) for the 
   machines without AVX2 and with FERRY_QUANT_INT8_ACTIVATIONS=0.
 On a CPU with AMX (FERRY_QUANT_BF16_FROM_ROWS to change), a call of 512 rows or more (a prefill step)
 instead dequantizes the weight to bfloat16 for that call and multiplies in bfloat16 through torch (oneDNN's
-AMX tiles); see BF16_FROM_ROWS.
+AMX tiles); see BF16_FROM_ROWS. Calls of BF16_COPY_FROM_ROWS rows or more multiply a bf16 copy of the weight kept
+at load instead, with our AMX bf16 GEMM (csrc/bf16_amx.h; BF16_AMX).
 """
 
 from __future__ import annotations
@@ -111,22 +112,23 @@ the copy serves these calls instead (no per-call dequantization)."""
 
 
 def _bf16_copy_from_rows() -> int:
-    return _rows_setting("FERRY_QUANT_BF16_COPY_FROM_ROWS", 24, "keep no bf16 copy")
+    return _rows_setting("FERRY_QUANT_BF16_COPY_FROM_ROWS", 16, "keep no bf16 copy")
 
 
 BF16_COPY_FROM_ROWS = _bf16_copy_from_rows()
 """Where > 0, every CPU QuantLinear keeps, beside its codes, a bfloat16 copy of its dequantized weight packed once
-for oneDNN (QuantLinear.bf16_copy, made at prepack), and multiplies calls of this many rows or more with it (AMX tiles)
-instead of the int8-activation kernel or BF16_FROM_ROWS' per-call dequantization; shorter calls keep the kernel,
-bit for bit. 0: no copy. The copies together stay within BF16_COPY_MAX_BYTES. Default 24 on a CPU with AMX,
-else 0; read once at import. The cost is memory: 2 bytes per weight beside the codes' ~0.6 (SmolLM2-135M: ~270 MB
-of bf16 copies beside ~70 MB of int4 codes). The model
-still holds and reports its quantized weights (/v1/models says int4); the copy is the same values rounded to
-bf16, a cache for the matmul. On a 2-core Xeon with AMX, a whole SmolLM2 step's matmuls with the weights streamed
-from memory (ops/bench/quant/20261205-xeon-amx-rows): int4 kernel vs the packed bf16 copy 12.7 vs 24.9 ms at 8
-rows, 20.8 vs 28.3 at 16, 48.4 vs 21.7 at 32, 66.1 vs 38.3 at 64, 142 vs 62 at 128, 735 vs 250 at 512 (578 with
-per-call dequantization). Quality as BF16_FROM_ROWS: bf16 activations (SmolLM2 with every row in bf16: 99.2%
-teacher-forced agreement with fp32, KL 0.00055), and a decode row in a batch of 24+ rows goes bf16 too."""
+(QuantLinear.bf16_copy, made at prepack by pack_bf16_copy: for our AMX bf16 GEMM, csrc/bf16_amx.h, or with
+FERRY_QUANT_BF16_AMX=0 for oneDNN), and multiplies calls of this many rows or more with it (AMX tiles) instead of the
+int8-activation kernel or BF16_FROM_ROWS' per-call dequantization; shorter calls keep the kernel, bit for bit. 0: no
+copy. The copies together stay within BF16_COPY_MAX_BYTES. Default 16 on a CPU with AMX, else 0; read once at import.
+The cost is memory: 2 bytes per weight beside the codes' ~0.6 (SmolLM2-135M: ~270 MB of bf16 copies beside ~70 MB of
+int4 codes). The model still holds and reports its quantized weights (/v1/models says int4); the copy is the same
+values rounded to bf16, a cache for the matmul. On a 2-core Xeon with AMX, a whole SmolLM2 step's matmuls with the
+weights streamed from memory (ops/bench/quant/20261205d-xeon-amx-bf16-kernel/amx_rows.json), int4 codes on the AMX
+int8 tiles vs the copy in our kernel: 8.9 vs 11.3 ms at 8 rows, 10.5 vs 11.4 at 12, 11.4 vs 11.7 at 14, 12.3 vs 11.6
+at 16, 20.5 vs 13.6 at 24, 44.6 vs 17.8 at 64 (the copy through oneDNN: 17.4 ms at 16, 24.8 at 64): hence 16 (24
+while the copy went through oneDNN). Quality as BF16_FROM_ROWS: bf16 activations (SmolLM2 with every row in bf16:
+99.2% teacher-forced agreement with fp32, KL 0.00055), and a decode row in a batch of 16+ rows goes bf16 too."""
 
 
 def _bf16_copy_max_bytes() -> int:
@@ -176,12 +178,51 @@ def bf16_copy_bytes() -> int:
     return _bf16_copy_bytes
 
 
-def bf16_copy_matmul(x: torch.Tensor, copy: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """x [M, K] fp32 or bf16 -> [M, N] out_dtype: x rounded to bf16, multiplied by oneDNN with a bf16 weight it
-    packed (ferry.model.cpu_linear.pack of the dequantized weight: QuantLinear.bf16_copy), summed in fp32 and
-    rounded to bf16 by oneDNN (then widened to fp32 unless out_dtype is bf16)."""
+def bf16_copy_matmul(
+    x: torch.Tensor, copy: torch.Tensor, out_dtype: torch.dtype = torch.float32, out_features: int | None = None
+) -> torch.Tensor:
+    """x [M, K] fp32 or bf16 -> [M, N] out_dtype: x rounded to bf16, multiplied with a bf16 copy of the weight made
+    by pack_bf16_copy (QuantLinear.bf16_copy), summed in fp32. A copy packed for our AMX kernel (6-D, pack_bf16_amx;
+    out_features: N, default its padded column count) goes to csrc/bf16_amx.h, which rounds the output to bf16
+    only where out_dtype is bf16; a copy packed for oneDNN (2-D) to oneDNN, which rounds it to bf16 (then widened
+    to fp32 unless out_dtype is bf16)."""
+    if copy.dim() == 6:
+        n = out_features or copy.shape[0] * 32
+        return torch.ops.ferry_cpu.bf16_amx_linear.default(
+            x.contiguous(), copy, n, out_dtype == torch.bfloat16, BF16_AMX_PREFETCH
+        )
     rows = x.to(torch.bfloat16, memory_format=torch.contiguous_format)
     return torch.ops.mkldnn._linear_pointwise(rows, copy, None, "none", [], "").to(out_dtype)
+
+
+def pack_bf16_amx(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] (any float dtype) -> bf16 [ceil(N / 32), ceil(K / 32), 2, 16, 16, 2], csrc/bf16_amx.h's
+    layout: per group of 32 columns and 32-input chunk, two AMX B tiles (columns 0-15, 16-31), each 16 input pairs
+    x 16 columns x 2 inputs; N and K padded with zeros."""
+    n, k = weight.shape
+    groups, chunks = -(-n // 32), -(-k // 32)
+    padded = torch.zeros(groups * 32, chunks * 32, dtype=torch.bfloat16)
+    padded[:n, :k] = weight
+    # [group, column tile, column, chunk, pair, input of the pair] -> [group, chunk, column tile, pair, column, input]
+    return padded.view(groups, 2, 16, chunks, 16, 2).permute(0, 3, 1, 4, 2, 5).contiguous()
+
+
+def bf16_amx_usable() -> bool:
+    """The C++ kernels were built with the AMX bf16 GEMM and this process may use the tiles (the CPU has AMX-BF16
+    and Linux granted the tile state)."""
+    if "bf16" not in _dot_usable:
+        _dot_usable["bf16"] = kernel_built() and bool(torch.ops.ferry_cpu.bf16_amx())
+    return _dot_usable["bf16"]
+
+
+def pack_bf16_copy(weight: torch.Tensor) -> torch.Tensor | None:
+    """A bf16 weight [N, K] packed once for bf16_copy_matmul: for our AMX kernel where BF16_AMX is on and the tiles
+    are usable, else for oneDNN (ferry.model.cpu_linear.pack; None where torch has no oneDNN)."""
+    if BF16_AMX and bf16_amx_usable():
+        return pack_bf16_amx(weight)
+    from ferry.model import cpu_linear
+
+    return cpu_linear.pack(weight)
 
 
 def _switch(name: str, on: str, off: str) -> bool:
@@ -201,6 +242,31 @@ changes is one more rounding of the gate/up outputs and attention's inputs and s
 with AMX, SmolLM2 burst, ops/bench/throughput/reports/20261205-prefill/prefill_ops.txt): of the 4 prefill steps'
 2.66 s of op time, the bf16 matmuls were 0.85 s, fp32 flash attention 0.69 s and dtype casts 0.53 s.
 FERRY_QUANT_BF16_ACTIVATIONS=0 (read once at import) keeps every activation fp32 between the matmuls."""
+
+
+def _bf16_amx() -> bool:
+    return _switch("FERRY_QUANT_BF16_AMX", "our AMX bf16 kernel", "oneDNN")
+
+
+BF16_AMX = _bf16_amx()
+"""Whether the bf16 weight copies (BF16_COPY_FROM_ROWS) are packed for our AMX bf16 GEMM (csrc/bf16_amx.h) instead
+of oneDNN, where the kernel could ask Linux for the tile state; the copy is held once either way (a layout per
+kernel). FERRY_QUANT_BF16_AMX=0, read once at import, packs them for oneDNN as before. Both sum bf16 products in fp32
+(TDPBF16PS); ours hands forward the fp32 sums (oneDNN rounded them to bf16), and rounds to bf16 where the caller
+asks (bf16_forward). Why: oneDNN streamed a decode step's weights well under memory speed. On a 2-core Xeon with AMX,
+a whole SmolLM2 step's matmuls, weights streamed (ops/bench/quant/20261205d-xeon-amx-bf16-kernel/amx_rows.json),
+ours vs oneDNN: 11.6 vs 17.4 ms at 16 rows, 14.0 vs 21.0 at 32, 17.8 vs 24.8 at 64, 26.6 vs 35.5 at 128, 113 vs
+119 at 512, 229 vs 267 at 1024, but 508 vs 467 at 2048 (row_block.txt; a prefill step's worst case, kept: the copy
+is not held twice). The ~270 MB copy at 1-16 rows takes 10.8-11.6 ms: ~24 GB/s, this box's memory speed (membw.py:
+a copy moves 13.2 GB/s each way). The SmolLM2 burst, with BF16_COPY_FROM_ROWS 16 against oneDNN's 24 (the throughput
+README's twelfth round): in-process engine decode steps of > 8 sequences -9 to -10%, prefill steps +12 to +14%, tok/s
++1 to +3%, TTFT p50 +14%; `ferry up` 365.6 -> 399.4 tok/s (+9%), TTFT p50 1366 -> 1383 ms."""
+
+
+BF16_AMX_PREFETCH = 0
+"""How far ahead of a thread's weight stream csrc/bf16_amx.h prefetches, in bytes (0: none, the hardware prefetchers
+alone). Software prefetch 2 KB or 8 KB ahead measured no better: within +-5% at 8-32 rows, 7-25% slower at 64-128
+rows (ops/bench/quant/20261205d-xeon-amx-bf16-kernel/first_sweep.txt)."""
 
 
 INT8_ACTIVATIONS = _switch("FERRY_QUANT_INT8_ACTIVATIONS", "int8 activations", "fp32")

@@ -20,7 +20,6 @@ from ferry.kernels import quant_linear as kernels
 from ferry.kernels.quant_linear import bf16_copy_matmul, dot_arguments, pack_cpu, quant_matmul
 from ferry.kernels.quant_pack import CpuPacked, DotPacked
 from ferry.kernels.quant_ref import DEFAULT_GROUP_SIZE, QuantizedWeight, dequantize, quantize
-from ferry.model import cpu_linear
 
 QUANT_BITS = {"int8": 8, "int4": 4}
 
@@ -67,12 +66,13 @@ class QuantLinear(nn.Module):
                 self.dot_call = (torch.ops.ferry_cpu.quant_dot_linear.default, dot_arguments(self.packed))
             nbytes = 2 * self.qw.in_features * self.qw.out_features
             if kernels.BF16_COPY_FROM_ROWS and kernels.reserve_bf16_copy(nbytes):  # within BF16_COPY_MAX_BYTES
-                self.bf16_copy = cpu_linear.pack(dequantize(self.qw, torch.bfloat16))
+                self.bf16_copy = kernels.pack_bf16_copy(dequantize(self.qw, torch.bfloat16))
                 weakref.finalize(self, kernels.release_bf16_copy, nbytes)
 
     bf16_copy: torch.Tensor | None = None
     """Where kernels.BF16_COPY_FROM_ROWS > 0 (on by default with AMX): the weight dequantized to bfloat16 and packed
-    for oneDNN at prepack, which multiplies calls of that many rows or more (2 bytes a weight beside the codes)."""
+    at prepack (kernels.pack_bf16_copy: for our AMX bf16 GEMM, 6-D, or for oneDNN, 2-D), which multiplies calls of
+    that many rows or more (2 bytes a weight beside the codes)."""
 
     dot_call: tuple | None = None
     """(the int8-activation op, its arguments after x), bound at prepack: a decode step makes ~120 of these
@@ -100,7 +100,9 @@ class QuantLinear(nn.Module):
         if not (kernels.BF16_ACTIVATIONS and self.bias is None and self.copy_multiplies(x)):
             return None
         assert self.bf16_copy is not None
-        return bf16_copy_matmul(x.reshape(-1, x.shape[-1]), self.bf16_copy, torch.bfloat16).view(*x.shape[:-1], -1)
+        return bf16_copy_matmul(x.reshape(-1, x.shape[-1]), self.bf16_copy, torch.bfloat16, self.qw.out_features).view(
+            *x.shape[:-1], -1
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         bias = self.bias
@@ -113,7 +115,9 @@ class QuantLinear(nn.Module):
             and x.device.type == "cpu"
             and 0 < kernels.BF16_COPY_FROM_ROWS * x.shape[-1] <= x.numel()
         ):
-            out = bf16_copy_matmul(x.reshape(-1, x.shape[-1]), copy).view(*x.shape[:-1], -1)
+            out = bf16_copy_matmul(x.reshape(-1, x.shape[-1]), copy, torch.float32, self.qw.out_features).view(
+                *x.shape[:-1], -1
+            )
             return out if bias is None else out.add_(bias)
         call = self.dot_call
         if (  # the decode step's case, fp32 rows on the CPU: straight to the kernel (it checks x against the codes)

@@ -2,7 +2,8 @@
 memory as in serving): the int8-activation kernel (what decode runs) on its AVX-512 VNNI loop and on AMX int8
 tiles (csrc/quant_dot_amx.h; the same weights also as int8 codes, both ways), bf16 with the weight dequantized per call
 (BF16_FROM_ROWS, what prefill runs), a cached bf16 copy of the dequantized weight through torch.mm, the same copy
-packed once for oneDNN (mkldnn linear, AMX tiles), and oneDNN's packed fp32 GEMM for scale (small M only).
+packed once for oneDNN (mkldnn linear, AMX tiles), the copy packed for our AMX bf16 GEMM (csrc/bf16_amx.h; with
+software prefetch 0 / 2 / 8 KB ahead), and oneDNN's packed fp32 GEMM for scale (small M only).
 Shapes: 30 layers of fused qkv, o, fused gate/up, down, plus lm_head (49152 x 576) once; random weights.
 
     /work/tools/cpu-bench python ops/bench/quant/amx_rows.py [--rows 1,8,...] [--columns int4_kernel_ms,...] [--out DIR]
@@ -18,13 +19,24 @@ from pathlib import Path
 import torch
 from step_rows import LAYERS, SHAPES, best_of  # the same step, timed the same way
 
-from ferry.kernels.quant_linear import amx_int8_usable, bf16_quant_matmul, dot_quant_matmul
+from ferry.kernels.quant_linear import (
+    amx_int8_usable,
+    bf16_amx_usable,
+    bf16_quant_matmul,
+    dot_quant_matmul,
+    pack_bf16_amx,
+)
 from ferry.kernels.quant_pack import pack_for_dot
 from ferry.kernels.quant_ref import dequantize, quantize
 from ferry.model import cpu_linear
 
 LM_HEAD = (49152, 576)
 FP32_MAX_ROWS = 128
+
+
+def amx_bf16_matmul(x: torch.Tensor, packed: tuple[torch.Tensor, int], prefetch: int) -> torch.Tensor:
+    """Our AMX bf16 GEMM (csrc/bf16_amx.h) with a bf16 copy packed for it, fp32 out, prefetching this far ahead."""
+    return torch.ops.ferry_cpu.bf16_amx_linear(x, packed[0], packed[1], False, prefetch)
 
 
 def run_step(weights: list, xs: dict[int, torch.Tensor], matmul: Callable) -> None:
@@ -45,8 +57,9 @@ def main() -> None:
     bf16 = [dequantize(q, torch.bfloat16) for q in quantized]
     int4 = [(q.in_features, pack_for_dot(q)) for q in quantized]
     int8 = [(w.shape[1], pack_for_dot(quantize(w, 8, 32))) for w in dense]
+    amx_bf16 = [(w.shape[1], (pack_bf16_amx(w), w.shape[0])) for w in bf16] if bf16_amx_usable() else []
     vnni, amx = partial(dot_quant_matmul, amx_from_rows=0), partial(dot_quant_matmul, amx_from_rows=1)
-    columns = {
+    columns: dict[str, tuple[list, Callable]] = {
         "int4_kernel_ms": (int4, vnni),
         "int4_amx_int8_ms": (int4, amx),
         "int8_kernel_ms": (int8, vnni),
@@ -60,6 +73,9 @@ def main() -> None:
             [(w.shape[1], cpu_linear.pack(w)) for w in bf16],
             lambda x, p: torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), p, None, "none", [], "").float(),
         ),
+        "bf16_amx_ms": (amx_bf16, partial(amx_bf16_matmul, prefetch=0)),
+        "bf16_amx_prefetch2k_ms": (amx_bf16, partial(amx_bf16_matmul, prefetch=2048)),
+        "bf16_amx_prefetch8k_ms": (amx_bf16, partial(amx_bf16_matmul, prefetch=8192)),
         "fp32_onednn_ms": (
             [(w.shape[1], cpu_linear.pack(w)) for w in dense],
             lambda x, p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""),
@@ -73,7 +89,7 @@ def main() -> None:
         xs = {k: torch.randn(m, k, generator=gen) for k in (576, 1536)}
         row: dict[str, float | int] = {"rows": m}
         for name, (weights, matmul) in columns.items():
-            if name.startswith("fp32") and m > FP32_MAX_ROWS:
+            if (name.startswith("fp32") and m > FP32_MAX_ROWS) or not weights:
                 continue
             row[name] = best_of(partial(run_step, weights, xs, matmul), 5 if m <= 128 else 2) * 1e3
         rows_out.append(row)

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__linux__) && defined(__x86_64__)  // for quant_dot_amx.h
@@ -308,6 +309,7 @@ void run(const DotPacked& p, const QuantRows& x, int64_t m_rows, int64_t n, floa
 #endif  // __AVX2__
 
 #include "quant_dot_amx.h"  // run_amx, amx_int8_usable
+#include "bf16_amx.h"       // bf16_amx_linear, amx_bf16_usable
 
 std::string quant_dot_isa() { return FERRY_DOT_ISA; }
 
@@ -361,6 +363,10 @@ TORCH_LIBRARY_FRAGMENT(ferry_cpu, m) {
   m.def("quant_dot_isa() -> str", &quant_dot_isa);
   m.def("quant_dot_amx() -> bool", &amx_int8_usable);
   m.def("quant_dot_amx_calls() -> int", [] { return amx_calls.load(); });
+  m.def("bf16_amx() -> bool", &amx_bf16_usable);
+  m.def("bf16_amx_calls() -> int", [] { return amx_bf16_calls.load(); });
+  m.def("bf16_amx_linear(Tensor x, Tensor packed, int n, bool out_bf16=False, int prefetch_bytes=0) -> Tensor",
+        &bf16_amx_linear);
   m.def(
       "quant_dot_linear(Tensor x, Tensor codes, Tensor scales, Tensor offsets, int bits, int group_size, int n, "
       "int digits, int amx_from_rows=0) -> Tensor",
