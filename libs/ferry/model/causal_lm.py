@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -135,9 +135,8 @@ class CausalLM(nn.Module):
         """The layers as DecoderLayer.forward runs them, with each residual add and the norm after it in one
         C++ pass (x, the embedding's fresh output, is added to in place): the same values, two fewer ops and
         passes over the rows per layer."""
-        layers = self.model.layers
-        first = layers[0].input_layernorm
-        h = first(x)
+        layers = cast("list[DecoderLayer]", list(self.model.layers))
+        h = layers[0].input_layernorm(x)
         for i, layer in enumerate(layers):
             post = layer.post_attention_layernorm
             h = add_rms_norm_(x, layer.self_attn(h, cos, sin, meta, kv), post.weight, post.eps)
