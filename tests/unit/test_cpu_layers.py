@@ -34,6 +34,17 @@ def test_rms_norm_matches_torch():
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_add_rms_norm_equals_the_add_then_rms_norm_bit_for_bit(fused):
+    gen = torch.Generator().manual_seed(7)
+    x, delta, weight = _wide(37, 512, gen, 3.0), _wide(37, 512, gen), torch.randn(512, generator=gen)
+    added = x + delta
+    expected = cpu_layers.rms_norm(added, weight, 1e-5, fused)
+    got = cpu_layers.add_rms_norm_(x, delta, weight, 1e-5, fused)
+    assert torch.equal(x, added)  # the residual stream is updated in place
+    assert torch.equal(got, expected) and got.is_contiguous()
+
+
 @pytest.mark.parametrize("scale", [1.0, 60.0])  # 60: exp(-|g|) underflows; nothing may overflow to inf/nan
 def test_silu_and_mul_matches_torch(scale):
     gen = torch.Generator().manual_seed(1)

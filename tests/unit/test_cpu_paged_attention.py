@@ -58,6 +58,20 @@ def test_fused_matches_reference(group, window, layout):
     )
 
 
+def test_query_rows_of_a_wider_tensor_are_read_in_place_with_the_same_result():
+    """The engine hands q as the first heads of each fused q|k|v row (a view, not copied): same bits as a copy."""
+    gen = torch.Generator().manual_seed(5)
+    kv_heads, group, dim = 2, 2, 64
+    tables, num_blocks = _tables(LENS, gen)
+    k_cache, v_cache = (_cache(num_blocks, kv_heads, dim, "head_major", gen) for _ in "kv")
+    qkv = torch.randn(len(LENS), kv_heads * group + 2 * kv_heads, dim, generator=gen)
+    q = qkv[:, : kv_heads * group]
+    assert not q.is_contiguous()
+    lens = torch.tensor(LENS)
+    got = fused(q, k_cache, v_cache, tables, lens, 0.125, None)
+    assert torch.equal(got, fused(q.contiguous(), k_cache, v_cache, tables, lens, 0.125, None))
+
+
 @pytest.mark.parametrize("dim", [24, 80, 128])  # run-time sizes (remainder lanes) and the other compiled-in one
 def test_fused_matches_reference_other_head_dims(dim):
     gen = torch.Generator().manual_seed(dim)

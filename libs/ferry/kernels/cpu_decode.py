@@ -216,8 +216,11 @@ def fused_paged_decode_attention(
     op = kernel()
     if op is None:
         raise RuntimeError("the fused CPU decode kernel could not be built (see the warning logged above)")
+    qf = q.float()
+    if qf.stride(2) != 1 or qf.stride(1) != qf.shape[2]:  # rows of a wider tensor (qkv's q) are taken as they are
+        qf = qf.contiguous()
     out = op(
-        q.float().contiguous(),
+        qf,
         k_cache,
         v_cache,
         block_tables.contiguous(),

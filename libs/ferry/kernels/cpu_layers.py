@@ -1,6 +1,6 @@
 """The small fused ops of a CPU step (csrc/cpu_layers.cpp, built with the decode kernel in cpu_decode.py):
-RMSNorm, SiLU-and-mul, rotary embedding in place, the K/V write into the paged cache and the greedy
-pick over the vocabulary.
+RMSNorm (also after the residual add), SiLU-and-mul, rotary embedding in place, the K/V write into the paged
+cache and the greedy pick over the vocabulary.
 
 Each is one pass over its rows where plain torch runs a chain of ops with temporaries. They take fp32
 activations on the CPU; for anything else (CUDA, bf16 activations, no compiler) or with fused=False
@@ -32,6 +32,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool = Tr
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
+
+
+def add_rms_norm_(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool = True
+) -> torch.Tensor:
+    """The residual add and the next norm: x += delta in place, -> rms_norm(x, weight, eps) (one pass)."""
+    if fused and x.dim() == 2 and x.shape == delta.shape and fused_ops_usable(x, delta, weight):
+        return torch.ops.ferry_cpu.add_rms_norm_(x, delta, weight.contiguous(), float(eps))
+    x.add_(delta)
+    return rms_norm(x, weight, eps, fused)
 
 
 def silu_and_mul(x: torch.Tensor, fused: bool = True) -> torch.Tensor:

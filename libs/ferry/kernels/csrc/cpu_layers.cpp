@@ -56,6 +56,40 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
+// The residual add and the next RMSNorm in one pass: x[t] += delta[t] in place, then out[t] = weight *
+// x[t] / sqrt(mean(x[t]^2) + eps), x and delta [T, H] -> out [T, H] contiguous. The same sums in the same
+// order as an ATen add followed by rms_norm above, so the results are identical.
+at::Tensor add_rms_norm_(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+  TORCH_INTERNAL_ASSERT(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kFloat);
+  TORCH_INTERNAL_ASSERT(delta.dim() == 2 && delta.stride(1) == 1 && delta.scalar_type() == at::kFloat &&
+                        delta.size(0) == x.size(0) && delta.size(1) == x.size(1));
+  TORCH_INTERNAL_ASSERT(weight.dim() == 1 && weight.is_contiguous() && weight.size(0) == x.size(1) &&
+                        weight.scalar_type() == at::kFloat);
+  const int64_t rows = x.size(0), hidden = x.size(1), stride = x.stride(0), d_stride = delta.stride(0);
+  auto out = at::empty({rows, hidden}, x.options());
+  float* xd = x.data_ptr<float>();
+  const float* dd = delta.data_ptr<float>();
+  const float* w = weight.data_ptr<float>();
+  float* od = out.data_ptr<float>();
+  const float epsf = static_cast<float>(eps);
+  at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* __restrict row = xd + t * stride;
+      const float* __restrict d = dd + t * d_stride;
+      float* __restrict o = od + t * hidden;
+#pragma omp simd
+      for (int64_t i = 0; i < hidden; ++i) row[i] += d[i];
+      float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+      for (int64_t i = 0; i < hidden; ++i) squares += row[i] * row[i];
+      const float inv = 1.f / std::sqrt(squares / static_cast<float>(hidden) + epsf);
+#pragma omp simd
+      for (int64_t i = 0; i < hidden; ++i) o[i] = w[i] * (row[i] * inv);
+    }
+  });
+  return out;
+}
+
 // silu(g) = g * sigmoid(g), from exp(-|g|) so the exponent is never positive (no overflow).
 inline float silu(float g) {
   const float e = exp_nonpositive(-std::fabs(g));
@@ -203,6 +237,7 @@ at::Tensor argmax_rows(const at::Tensor& x) {
 
 TORCH_LIBRARY_FRAGMENT(ferry_cpu, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
+  m.def("add_rms_norm_(Tensor(a!) x, Tensor delta, Tensor weight, float eps) -> Tensor", &add_rms_norm_);
   m.def("silu_and_mul(Tensor x) -> Tensor", &silu_and_mul);
   m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()", &rotary_);
   m.def("write_kv(Tensor(a!) cache, Tensor slot_mapping, Tensor values) -> ()", &write_kv);

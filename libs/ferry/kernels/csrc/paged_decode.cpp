@@ -285,6 +285,7 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return lens[a] - first[a] > lens[b] - first[b]; });
   const float* qd = q.data_ptr<float>();
+  const int64_t q_row = q.stride(0);  // a sequence's heads are contiguous; rows may be a view's (e.g. qkv's q part)
   float* od = out.data_ptr<float>();
   const int64_t items = batch * kv_heads;
   std::atomic<int64_t> next{0};
@@ -295,7 +296,7 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
     Scratch<R> s(group, dim, dim_v);
     auto item = [&](int64_t w) {
       const int64_t b = order[w / kv_heads], h = w % kv_heads, row = b * heads + h * group;
-      return Item{qd + row * dim, od + row * dim_v, tables + b * max_blocks, first[b], lens[b], h};
+      return Item{qd + b * q_row + h * group * dim, od + row * dim_v, tables + b * max_blocks, first[b], lens[b], h};
     };
     // claim one item ahead, so the current item's last tiles can prefetch the next one's first
     for (int64_t w = next.fetch_add(1), following = next.fetch_add(1); w < items;
@@ -316,13 +317,13 @@ void run_dims(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& 
   run<T, R, 0, 0>(q, k_cache, v_cache, tables, max_blocks, lens, first, scale, out);
 }
 
-// q [B, H, D] fp32 contiguous; k_cache [N, bs, Hkv, D], v_cache [N, bs, Hkv, Dv] (any strides, one
+// q [B, H, D] fp32, each row's [H, D] contiguous (rows may be a wider tensor's); k_cache [N, bs, Hkv, D], v_cache [N, bs, Hkv, Dv] (any strides, one
 // dtype: fp32, bf16 or fp16); block_tables [B, M] int64 contiguous; seq_lens [B] int64 contiguous;
 // window <= 0: none -> [B, H, Dv] fp32.
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
                                   int64_t window) {
-  TORCH_INTERNAL_ASSERT(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat);
+  TORCH_INTERNAL_ASSERT(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2) && q.scalar_type() == at::kFloat);
   TORCH_INTERNAL_ASSERT(k_cache.dim() == 4 && v_cache.dim() == 4 && k_cache.scalar_type() == v_cache.scalar_type());
   TORCH_INTERNAL_ASSERT(block_tables.is_contiguous() && block_tables.scalar_type() == at::kLong);
   TORCH_INTERNAL_ASSERT(seq_lens.is_contiguous() && seq_lens.scalar_type() == at::kLong);
