@@ -317,9 +317,9 @@ void run_dims(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& 
   run<T, R, 0, 0>(q, k_cache, v_cache, tables, max_blocks, lens, first, scale, out);
 }
 
-// q [B, H, D] fp32, each row's [H, D] contiguous (rows may be a wider tensor's); k_cache [N, bs, Hkv, D], v_cache [N, bs, Hkv, Dv] (any strides, one
-// dtype: fp32, bf16 or fp16); block_tables [B, M] int64 contiguous; seq_lens [B] int64 contiguous;
-// window <= 0: none -> [B, H, Dv] fp32.
+// q [B, H, D] fp32, each row's [H, D] contiguous (rows may be a wider tensor's); k_cache [N, bs, Hkv, D],
+// v_cache [N, bs, Hkv, Dv] (any strides, one dtype: fp32, bf16 or fp16); block_tables [B, M] int64 contiguous;
+// seq_lens [B] int64 contiguous; window <= 0: none -> [B, H, Dv] fp32.
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
                                   int64_t window) {
