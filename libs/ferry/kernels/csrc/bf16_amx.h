@@ -34,13 +34,7 @@ constexpr int64_t kBfRowBlock = 512;
 #define FERRY_AMX_BF16_TARGET __attribute__((target("amx-tile,amx-bf16")))
 
 bool amx_bf16_usable() {
-  static const bool usable = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    const bool bf16 = d & (1u << 22), tile = d & (1u << 24);
-    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
-    return tile && bf16 && syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
-  }();
+  static const bool usable = amx_granted(22);  // quant_dot.cpp
   return usable;
 }
 

@@ -30,6 +30,17 @@ static_assert(sizeof(bf16) == sizeof(c10::BFloat16), "bf16 must have c10::BFloat
 
 constexpr int64_t kGrain = 16;  // rows per parallel_for chunk: each row is only a few hundred floats
 
+// o = w * row / sqrt(mean(row^2) + eps) for one row of `hidden` values.
+inline void norm_row(const float* __restrict row, const float* __restrict w, float* __restrict o, int64_t hidden,
+                     float eps) {
+  float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+  for (int64_t i = 0; i < hidden; ++i) squares += row[i] * row[i];
+  const float inv = 1.f / std::sqrt(squares / static_cast<float>(hidden) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < hidden; ++i) o[i] = w[i] * (row[i] * inv);
+}
+
 // out[t] = weight * x[t] / sqrt(mean(x[t]^2) + eps), x [T, H] -> out [T, H] contiguous.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_INTERNAL_ASSERT(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kFloat);
@@ -42,16 +53,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   float* od = out.data_ptr<float>();
   const float epsf = static_cast<float>(eps);
   at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const float* __restrict row = xd + t * stride;
-      float* __restrict o = od + t * hidden;
-      float squares = 0.f;
-#pragma omp simd reduction(+ : squares)
-      for (int64_t i = 0; i < hidden; ++i) squares += row[i] * row[i];
-      const float inv = 1.f / std::sqrt(squares / static_cast<float>(hidden) + epsf);
-#pragma omp simd
-      for (int64_t i = 0; i < hidden; ++i) o[i] = w[i] * (row[i] * inv);
-    }
+    for (int64_t t = begin; t < end; ++t) norm_row(xd + t * stride, w, od + t * hidden, hidden, epsf);
   });
   return out;
 }
@@ -79,12 +81,7 @@ at::Tensor add_rms_norm_(const at::Tensor& x, const at::Tensor& delta, const at:
       float* __restrict o = od + t * hidden;
 #pragma omp simd
       for (int64_t i = 0; i < hidden; ++i) row[i] += d[i];
-      float squares = 0.f;
-#pragma omp simd reduction(+ : squares)
-      for (int64_t i = 0; i < hidden; ++i) squares += row[i] * row[i];
-      const float inv = 1.f / std::sqrt(squares / static_cast<float>(hidden) + epsf);
-#pragma omp simd
-      for (int64_t i = 0; i < hidden; ++i) o[i] = w[i] * (row[i] * inv);
+      norm_row(row, w, o, hidden, epsf);
     }
   });
   return out;

@@ -40,13 +40,25 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__linux__) && defined(__x86_64__)  // for quant_dot_amx.h
+#if defined(__linux__) && defined(__x86_64__)  // for quant_dot_amx.h and bf16_amx.h
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
 
 namespace {
+
+#if defined(__linux__) && defined(__x86_64__)
+// The CPU has AMX tiles and the tile feature in CPUID.(7,0):EDX bit `feature_bit` (22: bf16, 25: int8), and Linux
+// grants this process the tile state (arch_prctl; asking again after a grant is harmless).
+[[maybe_unused]] bool amx_granted(unsigned feature_bit) {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool tile = d & (1u << 24), feature = d & (1u << feature_bit);
+  constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+  return tile && feature && syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+}
+#endif
 
 constexpr int kChunk = 32;  // activation inputs per int8 scale
 constexpr int kCols = 16;   // output columns per weight block

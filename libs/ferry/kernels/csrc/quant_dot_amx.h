@@ -30,13 +30,7 @@
 #define FERRY_AMX_TARGET __attribute__((target("amx-tile,amx-int8")))
 
 bool amx_int8_usable() {
-  static const bool usable = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    const bool tile = d & (1u << 24), int8 = d & (1u << 25);
-    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
-    return tile && int8 && syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
-  }();
+  static const bool usable = amx_granted(25);  // quant_dot.cpp
   return usable;
 }
 
