@@ -43,13 +43,18 @@ class BothWorker(PrefillWorker):
         return outputs
 
     async def after_step(self, outputs: list) -> None:
-        owners = [(o, self.ledger.owner(o.request_id)) for o in outputs]  # before a finished one is released
+        tracing, writeback = trace.enabled(), self.settings.kv_writeback
+        owners = [  # looked up before a finished one is released, and only where needed (a step's hot path)
+            (o, self.ledger.owner(o.request_id))
+            for o in outputs
+            if tracing or (writeback and o.finish_reason is not None)
+        ]
         await Worker.after_step(self, outputs)  # publish the tokens; a finished sequence settles its message
-        if self.settings.kv_writeback:
+        if writeback:
             for out, request in owners:
                 if out.finish_reason is not None and request is not None:
                     self.queue_write_back(functools.partial(self._write_back, out.request_id, request))
-        if trace.enabled():  # by the request's id, as the gateway stamps it (out.request_id is the engine's)
+        if tracing:  # by the request's id, as the gateway stamps it (out.request_id is the engine's)
             for request in filter(None, (request for _, request in owners)):
                 trace.hop(request.request_id, "bw.published")
         while self.pool_changes:
