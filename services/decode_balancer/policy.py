@@ -118,10 +118,16 @@ def choose_decode_worker(
         if best is None or score < best[0]:
             best = (score, state, num_blocks)
     if best is None:
-        largest = max(_pool_blocks(state) for state in workers)
-        needed = max(blocks_needed(num_kv_tokens, state.report.block_size) for state in workers)
-        if needed > largest:
-            pools = f"{num_kv_tokens} tokens need {needed} KV blocks, the largest decode worker's pool has {largest}"
+
+        def needed(state: WorkerState) -> int:
+            return blocks_needed(num_kv_tokens, state.report.block_size)
+
+        if all(needed(state) > _pool_blocks(state) for state in workers):  # each by its own block size
+            roomiest = max(workers, key=lambda state: _pool_blocks(state) * state.report.block_size)
+            pools = (
+                f"{num_kv_tokens} tokens need {needed(roomiest)} KV blocks, "
+                f"the largest decode worker's pool has {_pool_blocks(roomiest)}"
+            )
             return DecodeChoice(None, f"{HANDOFF_TOO_LONG}: {pools}")
         return DecodeChoice(None, "overloaded", retry_after_s=config.retry_after_s)
     return DecodeChoice(best[1].worker_id, num_blocks=best[2])

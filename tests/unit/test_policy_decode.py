@@ -83,6 +83,8 @@ def test_a_sequence_no_workers_whole_pool_holds_is_too_long_not_overloaded():
     assert "201 KV blocks" in choice.reason and "pool has 200" in choice.reason
     choice = choose_decode_worker(view.routable(0.0), 1700, CONFIG)  # 107 blocks: b's pool, were it free
     assert (choice.worker_id, choice.reason) == (None, "overloaded")
+    view = view_of(a=dict(), b=dict(block_size=32, kv_blocks_used=100))  # 3100 tokens: 97 blocks of 32 on b
+    assert choose_decode_worker(view.routable(0.0), 3100, CONFIG).reason == "overloaded"  # b, once free, holds it
 
 
 def test_config_rejects_zero_weights():
