@@ -201,15 +201,15 @@ def test_calls_from_bf16_rows_multiply_in_bf16_and_shorter_ones_keep_the_kernel(
     torch.testing.assert_close(via_bf16, long @ dequantize(qw).T + bias, atol=0.15, rtol=0.02)
 
 
-ROW_SETTINGS = [
-    ("FERRY_QUANT_BF16_FROM_ROWS", "_bf16_from_rows", 512),
-    ("FERRY_QUANT_BF16_COPY_FROM_ROWS", "_bf16_copy_from_rows", 16),
+ROW_SETTINGS = [  # name, reader, default with AMX, default with AVX512_BF16 but no AMX
+    ("FERRY_QUANT_BF16_FROM_ROWS", "_bf16_from_rows", 512, 0),
+    ("FERRY_QUANT_BF16_COPY_FROM_ROWS", "_bf16_copy_from_rows", 16, 64),
 ]
 
 
-@pytest.mark.parametrize("name, reader, _", ROW_SETTINGS)
+@pytest.mark.parametrize("name, reader, _, __", ROW_SETTINGS)
 @pytest.mark.parametrize("value", ["many", "-1", "1.5"])
-def test_a_bad_bf16_rows_setting_is_refused_by_name(monkeypatch, name, reader, _, value):
+def test_a_bad_bf16_rows_setting_is_refused_by_name(monkeypatch, name, reader, _, __, value):
     from ferry.kernels import quant_linear as kernels
 
     monkeypatch.setenv(name, value)
@@ -217,14 +217,17 @@ def test_a_bad_bf16_rows_setting_is_refused_by_name(monkeypatch, name, reader, _
         getattr(kernels, reader)()
 
 
-@pytest.mark.parametrize("name, reader, with_amx", ROW_SETTINGS)
-@pytest.mark.parametrize("amx", [True, False])
-def test_bf16_rows_settings_are_on_by_default_only_where_the_cpu_has_amx(monkeypatch, name, reader, with_amx, amx):
+@pytest.mark.parametrize("name, reader, with_amx, with_avx512_bf16", ROW_SETTINGS)
+@pytest.mark.parametrize("amx, avx512_bf16", [(True, True), (False, True), (False, False)])
+def test_bf16_rows_settings_default_by_what_the_cpu_has(
+    monkeypatch, name, reader, with_amx, with_avx512_bf16, amx, avx512_bf16
+):
     from ferry.kernels import quant_linear as kernels
 
     monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(kernels, "cpu_has_amx_bf16", lambda: amx)
-    assert getattr(kernels, reader)() == (with_amx if amx else 0)
+    monkeypatch.setattr(kernels, "cpu_has_avx512_bf16", lambda: avx512_bf16)
+    assert getattr(kernels, reader)() == (with_amx if amx else with_avx512_bf16 if avx512_bf16 else 0)
     monkeypatch.setenv(name, "0")
     assert getattr(kernels, reader)() == 0
 
