@@ -117,8 +117,9 @@ TTFT p50 2.3-2.5 s against 4.7. The cost: bfloat16 activations (8 bits of mantis
 row in bfloat16: 99.2% teacher-forced agreement with fp32, KL 0.00055) and batch invariance (a decode row
 that shares a step of 512+ rows with a prefill is multiplied in bfloat16 too). Without AMX a bfloat16
 matmul is no faster than the kernels, hence off there (an AMD EPYC with AVX512_BF16: 1827 vs 2112 ms for a
-SmolLM2 step's matmuls at 2048 rows, ~200 ms of it the per-call dequantization; the bf16 copy there takes 1581). Where QuantLinear keeps a bf16 copy (BF16_COPY_FROM_ROWS),
-the copy serves these calls instead (no per-call dequantization)."""
+SmolLM2 step's matmuls at 2048 rows, ~200 ms of it the per-call dequantization; the bf16 copy there takes
+1581). Where QuantLinear keeps a bf16 copy (BF16_COPY_FROM_ROWS), the copy serves these calls instead (no
+per-call dequantization)."""
 
 
 def _bf16_copy_from_rows() -> int:
@@ -130,19 +131,20 @@ BF16_COPY_FROM_ROWS = _bf16_copy_from_rows()
 (QuantLinear.bf16_copy, made at prepack by pack_bf16_copy: for our AMX bf16 GEMM, csrc/bf16_amx.h, or with
 FERRY_QUANT_BF16_AMX=0 for oneDNN), and multiplies calls of this many rows or more with it (AMX tiles) instead of the
 int8-activation kernel or BF16_FROM_ROWS' per-call dequantization; shorter calls keep the kernel, bit for bit. 0: no
-copy. The copies together stay within BF16_COPY_MAX_BYTES. Default 16 on a CPU with AMX, 64 on one with AVX512_BF16 but no
-AMX (oneDNN's bf16 GEMM), else 0; read once at import.
-The cost is memory: 2 bytes per weight beside the codes' ~0.6 (SmolLM2-135M: ~270 MB of bf16 copies beside ~70 MB of
-int4 codes). The model still holds and reports its quantized weights (/v1/models says int4); the copy is the same
-values rounded to bf16, a cache for the matmul. On a 2-core Xeon with AMX, a whole SmolLM2 step's matmuls with the
-weights streamed from memory (ops/bench/quant/20261205d-xeon-amx-bf16-kernel/amx_rows.json), int4 codes on the AMX
-int8 tiles vs the copy in our kernel: 8.9 vs 11.3 ms at 8 rows, 10.5 vs 11.4 at 12, 11.4 vs 11.7 at 14, 12.3 vs 11.6
-at 16, 20.5 vs 13.6 at 24, 44.6 vs 17.8 at 64 (the copy through oneDNN: 17.4 ms at 16, 24.8 at 64): hence 16 (24
-while the copy went through oneDNN). On a 2-core AMD EPYC without AMX (ops/bench/quant/20261205e-amd-bf16-copy-rows), the
-int4 kernel's VNNI loop vs the copy through oneDNN: 8.8 vs 15.1 ms at 8 rows, 16.1 vs 19.6 at 16, 29.7 vs 30.0 at 32,
-57.5 vs 50.6 at 64, 114 vs 90 at 128, 2112 vs 1581 at 2048; a SmolLM2 engine burst (steps.py) 278-293 output tok/s
-without a copy, 332 from 16 rows, 339-343 from 64 (TTFT p50 2.0 -> 1.4 s): hence 64 there. Quality as BF16_FROM_ROWS: bf16 activations (SmolLM2 with every row in bf16:
-99.2% teacher-forced agreement with fp32, KL 0.00055), and a decode row in a batch of 16+ rows goes bf16 too."""
+copy. The copies together stay within BF16_COPY_MAX_BYTES. Default 16 on a CPU with AMX, 64 on one with AVX512_BF16 but
+no AMX (oneDNN's bf16 GEMM), else 0; read once at import. The cost is memory: 2 bytes per weight beside the codes' ~0.6
+(SmolLM2-135M: ~270 MB of bf16 copies beside ~70 MB of int4 codes). The model still holds and reports its quantized
+weights (/v1/models says int4); the copy is the same values rounded to bf16, a cache for the matmul. On a 2-core Xeon
+with AMX, a whole SmolLM2 step's matmuls with the weights streamed from memory
+(ops/bench/quant/20261205d-xeon-amx-bf16-kernel/amx_rows.json), int4 codes on the AMX int8 tiles vs the copy in our
+kernel: 8.9 vs 11.3 ms at 8 rows, 10.5 vs 11.4 at 12, 11.4 vs 11.7 at 14, 12.3 vs 11.6 at 16, 20.5 vs 13.6 at 24, 44.6
+vs 17.8 at 64 (the copy through oneDNN: 17.4 ms at 16, 24.8 at 64): hence 16 (24 while the copy went through oneDNN). On
+a 2-core AMD EPYC without AMX (ops/bench/quant/20261205e-amd-bf16-copy- rows), the int4 kernel's VNNI loop vs the copy
+through oneDNN: 8.8 vs 15.1 ms at 8 rows, 16.1 vs 19.6 at 16, 29.7 vs 30.0 at 32, 57.5 vs 50.6 at 64, 114 vs 90 at 128,
+2112 vs 1581 at 2048; a SmolLM2 engine burst (steps.py) 278-293 output tok/s without a copy, 332 from 16 rows, 339-343
+from 64 (TTFT p50 2.0 -> 1.4 s): hence 64 there. Quality as BF16_FROM_ROWS: bf16 activations (SmolLM2 with every row in
+bf16: 99.2% teacher-forced agreement with fp32, KL 0.00055), and a decode row in a batch of 16+ (64+ there) rows goes
+bf16 too."""
 
 
 def _bf16_copy_max_bytes() -> int:

@@ -1,7 +1,8 @@
 """Plot an amx_rows.py report: ms per whole SmolLM2 step's matmuls against rows M, one line per column (log-log),
 with the time the bf16 copy's bytes take at a given memory speed for scale.
 
-    python ops/bench/quant/rows_plot.py DIR/amx_rows.json --out DIR/amx_rows.png [--gbs 23] [--machine "2-core Xeon (AMX)"]
+    python ops/bench/quant/rows_plot.py DIR/amx_rows.json --out DIR/amx_rows.png [--gbs 23] \\
+        [--machine "2-core Xeon (AMX)"]
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def main() -> None:
     p.add_argument("report", type=Path)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--gbs", type=float, default=23.0, help="memory speed for the reference line, GB/s")
-    p.add_argument("--machine", default="2-core Xeon (AMX)", help="the machine the report was measured on, for the title")
+    p.add_argument("--machine", default="2-core Xeon (AMX)", help="the machine measured, for the title")
     args = p.parse_args()
     rows = json.loads(args.report.read_text())["rows"]
     fig, ax = plt.subplots(figsize=(8, 5))
