@@ -198,16 +198,6 @@ class RequestLedger:
         assert not held.in_engine, f"{request.request_id} is done but still in the engine"
         return Effects(ack=[held.handle]) if held.handle is not None else Effects()
 
-    def give_back(self, request: GenerateRequest, delay_s: float | None = None) -> Effects:
-        """Not for this worker now (no room): nak it, so it comes back after `delay_s`."""
-        if not self.is_current(request):
-            return Effects()
-        held = self._held.pop(request.request_id)
-        effects = Effects(abort=[engine_id(request)] if held.in_engine else [])
-        if held.handle is not None:
-            effects.nak.append((held.handle, delay_s))
-        return effects
-
     def release_all(self) -> list[Held]:
         """Shutdown: the ledger lets go of everything; the worker moves or gives back each one."""
         released = list(self._held.values())

@@ -140,13 +140,22 @@ def test_a_cancel_before_the_addition_means_no_addition_and_no_abort():
     assert not ledger.adding(r)
 
 
-def test_no_room_gives_the_message_back_after_a_delay():
+def test_no_room_keeps_the_message_held_until_a_retry_joins():
     ledger, r, msg = RequestLedger(), request(), Msg("m")
     ledger.pulled(r, msg)
     assert ledger.adding(r)
-    assert ledger.added(r, joined=False, ack=True) == Effects()
-    assert ledger.give_back(r, 0.5) == Effects(nak=[(msg, 0.5)])
-    assert len(ledger) == 0 and ledger.give_back(r, 0.5) == Effects()
+    assert ledger.added(r, joined=False, ack=True) == Effects()  # refused: nothing settled, still held
+    assert len(ledger) == 1 and ledger.request("r") is r
+    assert ledger.adding(r)  # the worker tries the join again after an engine step
+    assert ledger.added(r, joined=True, ack=True) == Effects(ack=[msg])
+
+
+def test_a_cancel_while_waiting_for_room_settles_the_message_and_stops_the_retry():
+    ledger, r, msg = RequestLedger(), request(), Msg("m")
+    ledger.pulled(r, msg)
+    assert ledger.adding(r) and ledger.added(r, joined=False, ack=False) == Effects()
+    assert ledger.cancel(["r"]) == Effects(ack=[msg])  # not in the engine: no abort to queue
+    assert not ledger.adding(r) and len(ledger) == 0
 
 
 def test_decode_acks_on_joining_then_finishing_settles_nothing_more():
@@ -249,8 +258,8 @@ def test_random_interleavings_leave_in_the_engine_exactly_what_is_held(seed):
 
     def complete(r: GenerateRequest, joined: bool) -> None:
         apply(ledger.added(r, joined=joined, ack=rng.random() < 0.5))
-        if not joined:
-            apply(ledger.give_back(r, 0.5))
+        if not joined:  # no room: the worker keeps the message and may try the same request's join again
+            admitted[:] = [a for a in admitted if a is not r]
 
     for step in range(80):
         action = rng.choice(["pull", "pull", "add", "run", "run", "complete", "cancel", "finish"])
