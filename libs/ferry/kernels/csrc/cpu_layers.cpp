@@ -185,7 +185,8 @@ void write_kv(const at::Tensor& cache, const at::Tensor& slot_mapping, const at:
     case at::kFloat: write_rows<float>(cache, slots, values); break;
     case at::kBFloat16: write_rows<bf16>(cache, slots, values); break;
     case at::kHalf: write_rows<c10::Half>(cache, slots, values); break;
-    default: TORCH_CHECK_VALUE(false, "cache: dtype ", cache.scalar_type(), " is not fp32, bf16 or fp16");
+    case at::kFloat8_e4m3fn: write_rows<c10::Float8_e4m3fn>(cache, slots, values); break;  // torch's rounding
+    default: TORCH_CHECK_VALUE(false, "cache: dtype ", cache.scalar_type(), " is not fp32, bf16, fp16 or fp8 e4m3");
   }
 }
 
