@@ -108,17 +108,17 @@ inline vecf loadv(const fp8e4m3* p) {
   return reinterpret_cast<vecf>(_mm512_i32gather_ps(index, fp8_table.value, 4));
 }
 #elif FERRY_CPU_LANES == 16 && defined(__F16C__)
-// bits s.eeee.mmm -> u16 s.0eeee.mmm0000000: shifted to the top, shifted back by one keeping the sign (which
-// then sits in bit 14 as well), bit 14 cleared.
+// bits s.eeee.mmm -> u16 s.0eeee.mmm0000000: sign-extended to 16 bits and shifted left by 7, which puts the
+// sign in bit 15 and a copy of it in bit 14, then bit 14 cleared (3 integer ops per vector).
 inline vecf loadv(const fp8e4m3* p) {
-  const __m256i top = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 8);
-  const __m256i half = _mm256_and_si256(_mm256_srai_epi16(top, 1), _mm256_set1_epi16(static_cast<short>(0xBFFF)));
+  const __m256i wide = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i half = _mm256_and_si256(_mm256_slli_epi16(wide, 7), _mm256_set1_epi16(static_cast<short>(0xBFFF)));
   return reinterpret_cast<vecf>(_mm512_cvtph_ps(half));
 }
 #elif FERRY_CPU_LANES == 8 && defined(__F16C__)
 inline vecf loadv(const fp8e4m3* p) {
-  const __m128i top = _mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))), 8);
-  const __m128i half = _mm_and_si128(_mm_srai_epi16(top, 1), _mm_set1_epi16(static_cast<short>(0xBFFF)));
+  const __m128i wide = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i half = _mm_and_si128(_mm_slli_epi16(wide, 7), _mm_set1_epi16(static_cast<short>(0xBFFF)));
   return reinterpret_cast<vecf>(_mm256_cvtph_ps(half));
 }
 #else
