@@ -48,7 +48,9 @@ def run_to_end(eng: LLMEngine, request_id: str) -> list[int]:
 
 def test_fused_write_rounds_and_saturates_as_torch_does(kernel):
     values = torch.randn(10, 3, 64, generator=torch.Generator().manual_seed(0)) * 100
-    values[0, 0, :6] = torch.tensor([1e-3, 3e-3, 600.0, -1000.0, 447.0, -0.0])  # subnormal, saturating, edge
+    edges = [1e-3, 3e-3, 600.0, -1000.0, 447.0, -0.0, 470.0, 2**-10, 3 * 2**-11, 0.0156, float("inf"), float("nan")]
+    values[0, 0, : len(edges)] = torch.tensor(edges)  # subnormals and their ties, saturation, infinity, NaN
+    values[1] = torch.randn(3, 64, generator=torch.Generator().manual_seed(1)) * 0.01  # mostly subnormal
     slots = torch.arange(10) * 3
     fused, torch_path = (torch.zeros(4, 16, 3, 64, dtype=FP8) for _ in "ab")
     write_kv(fused, slots, values)

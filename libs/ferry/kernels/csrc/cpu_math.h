@@ -75,6 +75,19 @@ inline vecf loadv(const bf16* p) {
 struct fp8e4m3 {
   uint8_t bits;
 };
+// fp32 -> e4m3 as torch rounds: to nearest even, +-448 and beyond (infinities too) saturate to +-448, NaN stays
+// NaN. Branch-free so write loops vectorise (c10's conversion branches per value).
+inline fp8e4m3 to_fp8e4m3(float f) {
+  const uint32_t bits = __builtin_bit_cast(uint32_t, f), sign = (bits >> 24) & 0x80u, mag = bits & 0x7FFFFFFFu;
+  // 2^-6 and above: the mantissa rounded to 3 bits, the exponent rebased from 127 to 7 (wraps below: unused)
+  const uint32_t normal = (mag + 0x7FFFFu + ((mag >> 20) & 1u) - (120u << 23)) >> 20;
+  // below, subnormals: adding 2^14 (its ulp is 2^-9, e4m3's subnormal step) rounds to a whole number of steps
+  const uint32_t sub = __builtin_bit_cast(uint32_t, __builtin_bit_cast(float, mag) + 16384.f) - 0x46800000u;
+  uint32_t code = mag < (121u << 23) ? sub : std::min(normal, 0x7Eu);
+  code = mag > 0x7F800000u ? 0x7Fu : code;
+  return fp8e4m3{static_cast<uint8_t>(code | sign)};
+}
+
 // Widening moves the exponent and mantissa into an fp16's fields (bias 15) and converts that (one F16C
 // instruction per vector), which handles e4m3's subnormals exactly, where building fp32 bits directly would
 // make them fp32 denormals (slow on x86, or flushed). The fp16 is the value * 2^-8 (bias 15, not 7); the
