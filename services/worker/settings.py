@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from ferry.dtypes import WEIGHTS_DTYPES, check_dtype_name
+from ferry.dtypes import KV_CACHE_DTYPES, WEIGHTS_DTYPES, check_dtype_name
 from ferry.engine.config import WORKER_HOST_KV_BLOCKS, WORKER_NUM_KV_BLOCKS
 from ferry.model.source import served_name
 from ferry.settings import ServiceSettings, default_instance_id
@@ -107,7 +107,7 @@ class WorkerSettings(ServiceSettings):
         default="",
         description="KV cache dtype; '' = the model's, except bfloat16 for int8/int4 weights on the CPU. "
         "bfloat16 under an fp32 model halves KV memory and CPU decode attention's reads; every worker of a "
-        "deployment should use the same",
+        "deployment should use the same. float8_e4m3fn (CPU only) quarters fp32's bytes",
     )
     ep_size: int = Field(
         default=1,
@@ -138,7 +138,7 @@ class WorkerSettings(ServiceSettings):
     @field_validator("kv_cache_dtype")
     @classmethod
     def _kv_cache_dtype(cls, value: str) -> str:
-        return value and check_dtype_name(value, "kv_cache_dtype")
+        return value and check_dtype_name(value, "kv_cache_dtype", KV_CACHE_DTYPES)
 
     @model_validator(mode="after")
     def _group(self) -> WorkerSettings:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ferry.dtypes import DTYPE_NAMES, WEIGHTS_DTYPES
+from ferry.dtypes import KV_CACHE_DTYPES, WEIGHTS_DTYPES
 
 BATCHING_MODES = ("dynamic", "static")
 ENGINE_ROLES = ("both", "prefill", "decode")
-KV_CACHE_DTYPES = DTYPE_NAMES
 PREFILL_ORDERS = ("shortest", "fcfs")
 """EngineConfig.prefill_order / FERRY_PREFILL_ORDER values."""
 ATTENTION_CHOICES = ("auto", "torch", "triton")
@@ -61,7 +60,9 @@ class EngineConfig:
     model with int8/int4 weights on the CPU (llm_engine.kv_dtype; 'float32' keeps fp32 there). 'bfloat16'
     under an fp32 model halves the memory per cached token and the bytes CPU decode attention reads (the
     fused kernel widens rows in registers and still computes in fp32); keys and values are rounded to bf16
-    once, when written. Blocks then live in their own KV-store namespace (LLMEngine.kv_namespace)."""
+    once, when written. Blocks then live in their own KV-store namespace (LLMEngine.kv_namespace).
+    'float8_e4m3fn' (CPU only, opt-in) quarters fp32's bytes: K/V saturate to +-448 and keep 3 mantissa bits, no
+    scales; SmolLM2's teacher-forced argmax agreement with a bf16 cache is in ops/bench/throughput/README.md."""
     host_cache_blocks: int = 0
     """Host tier: up to this many blocks evicted from the KV pool are kept in host memory (pinned on
     a GPU) and loaded back at admission instead of recomputed or fetched (engine/host_tier.py); 0 = off."""
@@ -120,6 +121,13 @@ class EngineConfig:
             "kv_cache_dtype",
             self.kv_cache_dtype,
             f"must be None or one of {KV_CACHE_DTYPES}",
+        )
+        _require(
+            self.kv_cache_dtype != "float8_e4m3fn" or (self.device.startswith("cpu") and self.attention != "triton"),
+            "kv_cache_dtype",
+            self.kv_cache_dtype,
+            f"runs on the CPU only (device={self.device!r}, attention={self.attention!r}): the Triton kernels "
+            "do not read fp8",
         )
 
 

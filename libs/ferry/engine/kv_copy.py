@@ -33,6 +33,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ferry.dtypes import raw_view
 from ferry.model.kv_cache import PagedKVCache
 
 MAX_PINNED_BYTES = 1 << 30
@@ -208,7 +209,8 @@ class KvCopier:
             compute.wait_event(staged.ready)
             data.record_stream(compute)  # staged on the side stream, read on this one
         index = self._index(block_ids)
-        self.kv.data.index_copy_(3, index, data.to(self.kv.dtype).permute(1, 2, 3, 0, 4, 5))
+        src = data.to(self.kv.dtype).permute(1, 2, 3, 0, 4, 5)
+        raw_view(self.kv.data).index_copy_(3, index, raw_view(src))  # raw: fp8 has no index_copy_
 
     def copy_within(self, src: int, dst: int) -> None:
         """Copy pool block `src` into block `dst` (engine thread; on the compute stream, so it lands

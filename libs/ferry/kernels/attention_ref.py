@@ -14,12 +14,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ferry.dtypes import raw_view
+
 
 def write_kv(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
     """cache [N, bs, H, D]; slot_mapping [T]; values [T, H, D]."""
     slots = cache.flatten(0, 1)  # [N*bs, H, D]: a view as long as N and bs are mergeable
     assert slots.data_ptr() == cache.data_ptr(), "cache must flatten to a view"
-    slots.index_copy_(0, slot_mapping, values.to(cache.dtype))
+    raw_view(slots).index_copy_(0, slot_mapping, raw_view(values.to(cache.dtype)))  # raw: fp8 has no index_copy_
 
 
 def gather_seq(cache: torch.Tensor, blocks: torch.Tensor, seq_len: int) -> torch.Tensor:

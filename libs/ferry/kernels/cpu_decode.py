@@ -50,7 +50,7 @@ CFLAGS = [
     "-fno-signed-zeros",
     "-fassociative-math",
 ]
-SUPPORTED_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+SUPPORTED_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}  # "op": the torch op, or None once a build has failed

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from ferry.dtypes import raw_view
+
 KV_LAYOUT_VERSION = 1
 
 
@@ -83,7 +85,7 @@ class PagedKVCache:
             raise ValueError(f"data: shape {tuple(data.shape)} != expected {expected}")
         index = self._index(block_ids)
         src = data.to(device=self.data.device, dtype=self.dtype).permute(1, 2, 3, 0, 4, 5)
-        self.data.index_copy_(3, index, src)
+        raw_view(self.data).index_copy_(3, index, raw_view(src))  # raw: fp8 has no index_copy_
 
     def _index(self, block_ids: list[int]) -> torch.Tensor:
         index = torch.tensor(list(block_ids), dtype=torch.int64, device=self.data.device)

@@ -1,15 +1,19 @@
 """A decode step of the in-process engine at several batch sizes: p50 wall time of 40 steps per batch, and with
 --profile torch.profiler's op table over 20 more at the batches named. N sequences of 300-token prompts decode
-greedily (ignore_eos), the served default (SmolLM2 Q4_1) unless --model says otherwise.
+greedily (ignore_eos), the served default (SmolLM2 Q4_1) unless --model says otherwise. --kv-dtypes A,B: one engine
+per KV cache dtype at each batch, their steps interleaved (A, B, A, B, ...) so machine noise hits them alike.
 
     /work/tools/cpu-bench python ops/bench/throughput/decode_step_profile.py [--model smollm2] [--profile 1,32]
+        [--kv-dtypes bfloat16,float8_e4m3fn] [--json OUT.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -24,28 +28,41 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", help="a checkpoint folder, a .gguf file or smollm2 (default)")
     parser.add_argument("--batches", default="1,4,8,16,32,48", help="comma-separated batch sizes")
     parser.add_argument("--profile", default="", help="batch sizes to profile (comma-separated; none by default)")
+    parser.add_argument("--kv-dtypes", default="", help="KV cache dtypes, comma-separated ('': the engine's default)")
+    parser.add_argument("--json", type=Path, help="write the p50s here")
     args = parser.parse_args()
     lm = load_model(resolve_model(args.model))
     vocab = lm.config.vocab_size
     greedy = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
     profiled = {int(b) for b in args.profile.split(",") if b}
+    kv_dtypes = [name or None for name in args.kv_dtypes.split(",")]
+    rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        engine = LLMEngine(lm, EngineConfig(num_kv_blocks=1024))
-        for i in range(batch):
-            engine.add_request(f"r{i}", [(7 * i + j) % (vocab - 10) + 10 for j in range(300)], greedy)
-        for _ in range(12):  # the prompts' prefill and a few decode steps
-            engine.step()
-        times = []
+        engines = {}
+        for name in kv_dtypes:
+            engine = engines[name] = LLMEngine(lm, EngineConfig(num_kv_blocks=1024, kv_cache_dtype=name))
+            for i in range(batch):
+                engine.add_request(f"r{i}", [(7 * i + j) % (vocab - 10) + 10 for j in range(300)], greedy)
+            for _ in range(12):  # the prompts' prefill and a few decode steps
+                engine.step()
+        times: dict[str | None, list[float]] = {name: [] for name in engines}
         for _ in range(40):
-            start = time.perf_counter()
-            engine.step()
-            times.append(time.perf_counter() - start)
-        print(f"batch {batch}: decode step p50 {statistics.median(times) * 1e3:.2f} ms", flush=True)
-        if batch in profiled:
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                for _ in range(20):
-                    engine.step()
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14), flush=True)
+            for name, engine in engines.items():
+                start = time.perf_counter()
+                engine.step()
+                times[name].append(time.perf_counter() - start)
+        for name, engine in engines.items():
+            p50_ms = statistics.median(times[name]) * 1e3
+            rows.append({"batch": batch, "kv_cache_dtype": engine.kv_cache_dtype, "step_p50_ms": p50_ms})
+            print(f"batch {batch}: kv {engine.kv_cache_dtype}: decode step p50 {p50_ms:.2f} ms", flush=True)
+            if batch in profiled:
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                    for _ in range(20):
+                        engine.step()
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14), flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"model": args.model, "threads": torch.get_num_threads(), "rows": rows}))
 
 
 if __name__ == "__main__":

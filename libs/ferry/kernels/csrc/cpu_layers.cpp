@@ -144,10 +144,11 @@ void rotary_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) 
 template <typename T>
 inline T from_float(float x) {
   if constexpr (std::is_same_v<T, bf16>) return to_bf16(x);  // vectorises; c10's conversion does not
+  else if constexpr (std::is_same_v<T, fp8e4m3>) return to_fp8e4m3(x);  // likewise
   else return static_cast<T>(x);
 }
 
-// T: the cache's element type as stored (bf16 for c10::BFloat16, same layout).
+// T: the cache's element type as stored (bf16 for c10::BFloat16, fp8e4m3 for c10::Float8_e4m3fn: same layouts).
 template <typename T>
 void write_rows(const at::Tensor& cache, const int64_t* slots, const at::Tensor& values) {
   const int64_t rows = values.size(0), heads = values.size(1), dim = values.size(2), bs = cache.size(1);
@@ -185,7 +186,8 @@ void write_kv(const at::Tensor& cache, const at::Tensor& slot_mapping, const at:
     case at::kFloat: write_rows<float>(cache, slots, values); break;
     case at::kBFloat16: write_rows<bf16>(cache, slots, values); break;
     case at::kHalf: write_rows<c10::Half>(cache, slots, values); break;
-    default: TORCH_CHECK_VALUE(false, "cache: dtype ", cache.scalar_type(), " is not fp32, bf16 or fp16");
+    case at::kFloat8_e4m3fn: write_rows<fp8e4m3>(cache, slots, values); break;
+    default: TORCH_CHECK_VALUE(false, "cache: dtype ", cache.scalar_type(), " is not fp32, bf16, fp16 or fp8 e4m3");
   }
 }
 

@@ -70,7 +70,77 @@ inline vecf loadv(const bf16* p) {
   return reinterpret_cast<vecf>(wide);
 #endif
 }
+// fp8 e4m3fn storage, the layout of c10::Float8_e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; no
+// infinities, NaN only at S.1111.111 (never written: torch's conversion saturates at +-448).
+struct fp8e4m3 {
+  uint8_t bits;
+};
+// fp32 -> e4m3 as torch rounds: to nearest even, +-448 and beyond (infinities too) saturate to +-448, NaN stays
+// NaN. Branch-free so write loops vectorise (c10's conversion branches per value).
+inline fp8e4m3 to_fp8e4m3(float f) {
+  const uint32_t bits = __builtin_bit_cast(uint32_t, f), sign = (bits >> 24) & 0x80u, mag = bits & 0x7FFFFFFFu;
+  // 2^-6 and above: the mantissa rounded to 3 bits, the exponent rebased from 127 to 7 (wraps below: unused)
+  const uint32_t normal = (mag + 0x7FFFFu + ((mag >> 20) & 1u) - (120u << 23)) >> 20;
+  // below, subnormals: adding 2^14 (its ulp is 2^-9, e4m3's subnormal step) rounds to a whole number of steps
+  const uint32_t sub = __builtin_bit_cast(uint32_t, __builtin_bit_cast(float, mag) + 16384.f) - 0x46800000u;
+  uint32_t code = mag < (121u << 23) ? sub : std::min(normal, 0x7Eu);
+  code = mag > 0x7F800000u ? 0x7Fu : code;
+  return fp8e4m3{static_cast<uint8_t>(code | sign)};
+}
+
+// Widening moves the exponent and mantissa into an fp16's fields (bias 15) and converts that (one F16C
+// instruction per vector), which handles e4m3's subnormals exactly, where building fp32 bits directly would
+// make them fp32 denormals (slow on x86, or flushed). The fp16 is the value * 2^-8 (bias 15, not 7); the
+// multiply that would undo it is left out, and kernels fold kWidenScale<R> into their scales instead.
+inline float to_float(fp8e4m3 x) {  // value * 2^-8, as loadv
+  const uint32_t b = x.bits, mag = b & 0x7Fu;
+  // normal: exponent rebased from 7 to 127 - 8 (112 << 23 added); subnormal (exponent 0): mantissa * 2^-17
+  const float normal = __builtin_bit_cast(float, (mag << 20) + (112u << 23));
+  const float value = (mag >> 3) ? normal : static_cast<float>(mag) * 0x1p-17f;
+  return (b & 0x80u) ? -value : value;
+}
+// What loadv / to_float of an R must be multiplied by to give the stored value.
+template <typename R>
+inline constexpr float kWidenScale = 1.f;
+template <>
+inline constexpr float kWidenScale<fp8e4m3> = 256.f;
+
 inline void storev(float* p, vecf v) { *reinterpret_cast<vecf_unaligned*>(p) = v; }
+// kLanes fp8 values as fp32. FERRY_FP8_TABLE: a 256-entry table and a gather instead of the fp16 route
+// (measured slower: ops/bench/throughput/fp8_widen.cpp).
+#if defined(FERRY_FP8_TABLE) && FERRY_CPU_LANES == 16
+struct Fp8Table {
+  float value[256];
+  Fp8Table() {
+    for (int i = 0; i < 256; ++i) value[i] = to_float(fp8e4m3{static_cast<uint8_t>(i)});
+  }
+};
+inline const Fp8Table fp8_table{};
+inline vecf loadv(const fp8e4m3* p) {
+  const __m512i index = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return reinterpret_cast<vecf>(_mm512_i32gather_ps(index, fp8_table.value, 4));
+}
+#elif FERRY_CPU_LANES == 16 && defined(__F16C__)
+// bits s.eeee.mmm -> u16 s.0eeee.mmm0000000: sign-extended to 16 bits and shifted left by 7, which puts the
+// sign in bit 15 and a copy of it in bit 14, then bit 14 cleared (3 integer ops per vector).
+inline vecf loadv(const fp8e4m3* p) {
+  const __m256i wide = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i half = _mm256_and_si256(_mm256_slli_epi16(wide, 7), _mm256_set1_epi16(static_cast<short>(0xBFFF)));
+  return reinterpret_cast<vecf>(_mm512_cvtph_ps(half));
+}
+#elif FERRY_CPU_LANES == 8 && defined(__F16C__)
+inline vecf loadv(const fp8e4m3* p) {
+  const __m128i wide = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i half = _mm_and_si128(_mm_slli_epi16(wide, 7), _mm_set1_epi16(static_cast<short>(0xBFFF)));
+  return reinterpret_cast<vecf>(_mm256_cvtph_ps(half));
+}
+#else
+inline vecf loadv(const fp8e4m3* p) {
+  vecf v;
+  for (int i = 0; i < kLanes; ++i) v[i] = to_float(p[i]);
+  return v;
+}
+#endif
 inline float hsum(vecf v) {
   float sum = 0.f;
   for (int i = 0; i < kLanes; ++i) sum += v[i];  // reassociated into a shuffle tree (-fassociative-math)

@@ -19,6 +19,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
@@ -65,6 +66,8 @@ inline const R* row_as(const T* src, int64_t stride, int64_t n, float* buf) {
   }
   if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<R, bf16>) {
     return reinterpret_cast<const bf16*>(src);  // run<> picks R = bf16 only for unit-stride rows
+  } else if constexpr (std::is_same_v<T, c10::Float8_e4m3fn> && std::is_same_v<R, fp8e4m3>) {
+    return reinterpret_cast<const fp8e4m3*>(src);  // likewise R = fp8e4m3
   } else {
     for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(src[i * stride]);
     return buf;
@@ -228,7 +231,9 @@ void attend(const Item& it, const Item* following, const CacheView<T>& k, const 
             int64_t group, float scale, Scratch<R>& s) {
   const int64_t dim = kD ? kD : k.dim, dim_v = kDv ? kDv : v.dim;
   const int64_t k_bytes = dim * static_cast<int64_t>(sizeof(T)), v_bytes = dim_v * static_cast<int64_t>(sizeof(T));
-  for (int64_t i = 0; i < group * dim; ++i) s.q[i] = it.q[i] * scale;
+  // rows of R read as value / kWidenScale (fp8): the queries and the output take the factor back
+  const float q_scale = scale * kWidenScale<R>;
+  for (int64_t i = 0; i < group * dim; ++i) s.q[i] = it.q[i] * q_scale;
   std::fill(s.acc.begin(), s.acc.end(), 0.f);
   std::fill(s.max.begin(), s.max.end(), -std::numeric_limits<float>::infinity());
   std::fill(s.sum.begin(), s.sum.end(), 0.f);
@@ -250,7 +255,7 @@ void attend(const Item& it, const Item* following, const CacheView<T>& k, const 
     group_rows<kD, R>(s, group, n, dim, dim_v, s.ahead.data(), 0, k_bytes, v_bytes, true);
   }
   for (int64_t g = 0; g < group; ++g) {
-    const float inv = 1.f / s.sum[g];
+    const float inv = kWidenScale<R> / s.sum[g];
     for (int64_t d = 0; d < dim_v; ++d) it.out[g * dim_v + d] = s.acc[g * dim_v + d] * inv;
   }
 }
@@ -318,7 +323,7 @@ void run_dims(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& 
 }
 
 // q [B, H, D] fp32, each row's [H, D] contiguous (rows may be a wider tensor's); k_cache [N, bs, Hkv, D],
-// v_cache [N, bs, Hkv, Dv] (any strides, one dtype: fp32, bf16 or fp16); block_tables [B, M] int64 contiguous;
+// v_cache [N, bs, Hkv, Dv] (any strides, one dtype: fp32, bf16, fp16 or fp8 e4m3); block_tables [B, M] int64 contiguous;
 // seq_lens [B] int64 contiguous; window <= 0: none -> [B, H, Dv] fp32.
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
@@ -345,7 +350,14 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
         run_dims<c10::BFloat16, float>(q, k_cache, v_cache, tables, max_blocks, lens, first, s, out);
       break;
     case at::kHalf: run_dims<c10::Half, float>(q, k_cache, v_cache, tables, max_blocks, lens, first, s, out); break;
-    default: TORCH_CHECK_VALUE(false, "k_cache: dtype ", k_cache.scalar_type(), " is not fp32, bf16 or fp16");
+    case at::kFloat8_e4m3fn:  // a quarter of fp32's bytes, widened in registers like bf16
+      if (k_cache.stride(3) == 1 && v_cache.stride(3) == 1)
+        run_dims<c10::Float8_e4m3fn, fp8e4m3>(q, k_cache, v_cache, tables, max_blocks, lens, first, s, out);
+      else
+        run_dims<c10::Float8_e4m3fn, float>(q, k_cache, v_cache, tables, max_blocks, lens, first, s, out);
+      break;
+    default:
+      TORCH_CHECK_VALUE(false, "k_cache: dtype ", k_cache.scalar_type(), " is not fp32, bf16, fp16 or fp8 e4m3");
   }
   return out;
 }
