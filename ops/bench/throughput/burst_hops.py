@@ -89,13 +89,39 @@ def main() -> int:
     p.add_argument("traces", nargs="+", type=Path, help="FERRY_TRACE_FILE of one burst each")
     p.add_argument("--num-requests", type=int, default=48, help="the burst's size (the last ones stamped)")
     p.add_argument("--json", type=Path, help="write the timelines here")
+    p.add_argument("--plot", type=Path, help="draw p10/p50/p90 per hop, one line per trace, into this PNG")
     args = p.parse_args()
     figs = {path.stem: timeline(path, args.num_requests) for path in args.traces}
     for name, fig in figs.items():
         print(render(name, fig))
     if args.json:
         args.json.write_text(json.dumps(figs, indent=1) + "\n")
+    if args.plot:
+        plot(figs, args.plot)
     return 0
+
+
+def plot(figs: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, timeline_ in figs.items():
+        hops = list(timeline_["hops_s"])
+        ys = range(len(hops))
+        p50 = [timeline_["hops_s"][h]["p50"] for h in hops]
+        low = [timeline_["hops_s"][h]["p50"] - timeline_["hops_s"][h]["p10"] for h in hops]
+        high = [timeline_["hops_s"][h]["p90"] - timeline_["hops_s"][h]["p50"] for h in hops]
+        ax.errorbar(p50, ys, xerr=[low, high], fmt="o-", capsize=3, label=name)
+        ax.set_yticks(list(ys), hops)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds from the burst's first gw.http (p50, bars p10-p90)")
+    ax.set_title("first token's hops through `ferry up`, SmolLM2 48-request burst")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
 
 
 if __name__ == "__main__":
