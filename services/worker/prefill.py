@@ -81,8 +81,9 @@ class PrefillWorker(Worker):
         await super().on_cancel(cancel)
 
     def pull_budget(self) -> int:
-        if self.compute.stats.num_queued_prefill_tokens + self.num_joining_tokens >= self.settings.max_batch_tokens:
-            return 0  # the next steps are full already: leave the rest to less busy workers
+        ahead = max(self.settings.pull_ahead_tokens, self.settings.max_batch_tokens)
+        if self.compute.stats.num_queued_prefill_tokens + self.num_joining_tokens >= ahead:
+            return 0  # the next steps are full already: the rest waits in JetStream (FERRY_PULL_AHEAD_TOKENS)
         return super().pull_budget()
 
     async def fetch_kv(self, work: PrefillWork) -> FetchedKV | None:

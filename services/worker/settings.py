@@ -59,6 +59,14 @@ class WorkerSettings(ServiceSettings):
         "the last token go at once): fewer messages, SSE events and client reads per token; 0 = every step",
     )
     max_batch_tokens: int = Field(default=2048, ge=1, description="token budget of one engine step")
+    pull_ahead_tokens: int = Field(
+        default=16384,
+        ge=0,
+        description="prefill and both roles: the worker stops pulling while this many prompt tokens (at least "
+        "max_batch_tokens) are pulled and not yet prefilled; the rest waits in JetStream, still routed to this "
+        "worker. The engine orders prefills (FERRY_PREFILL_ORDER) only among the prompts it holds, so pulling a "
+        "burst ahead lets its shortest prompts go first (issue #22); 0 = one step's worth (max_batch_tokens)",
+    )
     admission_window_ms: float = Field(
         default=20.0,
         ge=0,
