@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+from engine_steps import run_to_end
 
 from ferry.engine import EngineConfig, LLMEngine
 from ferry.kvstore import KvStore, RedisTransport
@@ -69,15 +70,6 @@ async def step_while_stuck(compute: ComputeThread, transport: GatedTransport, ca
         assert not call.done(), "the store call finished while held"
     transport.gate.set()
     await asyncio.wait_for(call, TIMEOUT_S)
-
-
-def run_to_end(eng: LLMEngine, request_id: str) -> list[int]:
-    tokens: list[int] = []
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.request_id == request_id:
-                tokens.extend(out.new_token_ids)
-    return tokens
 
 
 async def test_the_engine_steps_while_the_store_holds_a_hand_off_and_the_blocks_arrive_intact(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_steps import run_to_end
 
 from ferry.engine.config import EngineConfig
 from ferry.engine.llm_engine import LLMEngine
@@ -22,15 +23,6 @@ PROMPT = [(7 * i + 5) % 250 + 3 for i in range(40)]
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
     yield load_model(make_model(tmp_path_factory.mktemp("kv-dtype") / "tiny", "llama", "tiny"))
-
-
-def run_to_end(eng: LLMEngine, request_id: str) -> list[int]:
-    tokens: list[int] = []
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.request_id == request_id:
-                tokens += out.new_token_ids
-    return tokens
 
 
 def test_an_unknown_dtype_is_refused_by_name():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_steps import run_to_end
 
 from ferry.engine.config import EngineConfig
 from ferry.engine.llm_engine import LLMEngine
@@ -35,15 +36,6 @@ def lm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def kernel():
     assert cpu_decode.kernel() is not None, "the fused CPU kernels did not build (see the logged warning)"
-
-
-def run_to_end(eng: LLMEngine, request_id: str) -> list[int]:
-    tokens: list[int] = []
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.request_id == request_id:
-                tokens += out.new_token_ids
-    return tokens
 
 
 def test_fused_write_rounds_and_saturates_as_torch_does(kernel):
