@@ -55,6 +55,22 @@ def test_silu_and_mul_matches_torch(scale):
     torch.testing.assert_close(got, F.silu(gate) * up, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("scale", [1.0, 60.0])
+def test_silu_and_mul_of_bf16_rows_is_the_fp32_product_rounded_once(scale):
+    """bf16 gate/up rows (a bf16 copy's matmul output on AMX), strided: the C++ op widens, multiplies in fp32 and
+    rounds once, so it is within one bf16 rounding of the exact fp32 product (ATen's silu then mul rounds twice)."""
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(19, 2 * 1408 + 32, generator=gen) * scale).bfloat16()[:, : 2 * 1408]
+    assert not x.is_contiguous()
+    gate, up = x.float().chunk(2, dim=-1)
+    exact = F.silu(gate) * up
+    got = cpu_layers.silu_and_mul(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (19, 1408) and torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), exact, atol=1e-30, rtol=2**-8)
+    rounded = exact.bfloat16()
+    assert (got != rounded).float().mean() < 0.01  # the C++ exp is not libm's: a rare last-bit tie may differ
+
+
 def test_rotary_in_place_matches_apply_rotary_and_leaves_values_alone():
     gen = torch.Generator().manual_seed(2)
     tokens, heads, kv_heads, dim = 9, 8, 4, 64
@@ -100,7 +116,8 @@ def test_write_kv_refuses_a_slot_outside_the_cache_and_writes_nothing():
 
 
 def test_other_dtypes_and_the_switch_take_the_torch_path():
-    """bf16 activations are not what the C++ ops take: the torch fallback answers instead of an error; with
+    """bf16 activations are not what the C++ ops take (SiLU-and-mul's aside): the torch fallback answers instead
+    of an error; with
     fused=False (a module whose backend is not 'cpu', e.g. FERRY_CPU_KERNELS=0) every op is the fallback
     and gives the same numbers."""
     gen = torch.Generator().manual_seed(4)

@@ -25,6 +25,10 @@ def fused_ops_usable(*tensors: torch.Tensor) -> bool:
     return kernel_built()
 
 
+def _bf16_rows_usable(x: torch.Tensor) -> bool:
+    return x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.stride(-1) == 1 and kernel_built()
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool = True) -> torch.Tensor:
     """weight * x / sqrt(mean(x^2) + eps) over the last dimension, normalised in fp32."""
     if fused and x.dim() == 2 and fused_ops_usable(x, weight):
@@ -45,8 +49,9 @@ def add_rms_norm_(
 
 
 def silu_and_mul(x: torch.Tensor, fused: bool = True) -> torch.Tensor:
-    """x [T, 2I] = [gate | up] -> silu(gate) * up [T, I]."""
-    if fused and x.dim() == 2 and fused_ops_usable(x):
+    """x [T, 2I] = [gate | up] -> silu(gate) * up [T, I], in x's dtype. The C++ op takes fp32 and bf16 rows
+    (bf16: computed in fp32, rounded once)."""
+    if fused and x.dim() == 2 and (fused_ops_usable(x) or _bf16_rows_usable(x)):
         return torch.ops.ferry_cpu.silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up

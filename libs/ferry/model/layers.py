@@ -69,5 +69,5 @@ class GatedMLP(nn.Module):
         takes_bf16 = getattr(self.down_proj, "bf16_copy", None) is not None  # down multiplies bf16 rows too
         low = bf16_forward(x) if bf16_forward is not None and takes_bf16 else None
         if low is not None:  # a prefill step on AMX: gate/up -> SiLU -> down stays bf16 (quant_linear.BF16_ACTIVATIONS)
-            return self.down_proj(silu_and_mul(low, False))
+            return self.down_proj(silu_and_mul(low, self.backend == "cpu"))
         return self.down_proj(silu_and_mul(self.gate_up(x), self.backend == "cpu"))  # one matmul instead of two

@@ -4,9 +4,9 @@
 // the ATen chains took ~7 ms of a ~80 ms step on one thread. Also the greedy pick over the vocabulary:
 // ATen's argmax does not vectorise (~0.064 ms a 49,152-logit row, ~1.7 ms a SmolLM2 step of 25).
 //
-// fp32 activations only (Python falls back to plain torch for anything else, ferry/kernels/cpu_layers.py);
-// the cache written may be fp32, bf16 or fp16. Rows may have any stride, elements within a row are
-// contiguous. Rows are split over at::parallel_for, so these use torch's threads like everything else.
+// fp32 activations only, SiLU-and-mul bf16 too (Python falls back to plain torch for anything else,
+// ferry/kernels/cpu_layers.py); the cache written may be fp32, bf16 or fp16. Rows may have any stride, elements
+// within a row are contiguous. Rows are split over at::parallel_for, so these use torch's threads like everything else.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -93,22 +93,40 @@ inline float silu(float g) {
   return g * ((g >= 0.f ? 1.f : e) / (1.f + e));
 }
 
-// x [T, 2I] = [gate | up] -> silu(gate) * up [T, I] contiguous (the gated MLP's activation).
-at::Tensor silu_and_mul(const at::Tensor& x) {
-  TORCH_INTERNAL_ASSERT(x.dim() == 2 && x.stride(1) == 1 && x.size(1) % 2 == 0 && x.scalar_type() == at::kFloat);
-  const int64_t rows = x.size(0), width = x.size(1) / 2, stride = x.stride(0);
-  auto out = at::empty({rows, width}, x.options());
-  const float* xd = x.data_ptr<float>();
-  float* od = out.data_ptr<float>();
+// x [T, 2I] = [gate | up] -> silu(gate) * up [T, I] contiguous (the gated MLP's activation), fp32 or bf16 (out
+// in x's dtype). bf16 rows (the gate/up output of a bf16 copy's matmul on AMX, quant_linear.BF16_ACTIVATIONS) are
+// widened, multiplied in fp32 and rounded once, where ATen's bf16 silu then mul rounds twice and makes a
+// temporary: on a 2-core Xeon those two ATen ops were 8% of the SmolLM2 burst's prefill op time and 5% of its
+// decode steps' (ops/bench/throughput/steps.py smollm2 prefill-ops / decode-ops).
+template <typename T>
+void silu_and_mul_rows(const T* xd, T* od, int64_t rows, int64_t width, int64_t stride) {
   at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const float* __restrict gate = xd + t * stride;
-      const float* __restrict up = gate + width;
-      float* __restrict o = od + t * width;
+      const T* __restrict gate = xd + t * stride;
+      const T* __restrict up = gate + width;
+      T* __restrict o = od + t * width;
+      if constexpr (std::is_same_v<T, float>) {
 #pragma omp simd
-      for (int64_t i = 0; i < width; ++i) o[i] = silu(gate[i]) * up[i];
+        for (int64_t i = 0; i < width; ++i) o[i] = silu(gate[i]) * up[i];
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < width; ++i) o[i] = to_bf16(silu(to_float(gate[i])) * to_float(up[i]));
+      }
     }
   });
+}
+
+at::Tensor silu_and_mul(const at::Tensor& x) {
+  const bool is_bf16 = x.scalar_type() == at::kBFloat16;
+  TORCH_INTERNAL_ASSERT(x.dim() == 2 && x.stride(1) == 1 && x.size(1) % 2 == 0 &&
+                        (is_bf16 || x.scalar_type() == at::kFloat));
+  const int64_t rows = x.size(0), width = x.size(1) / 2, stride = x.stride(0);
+  auto out = at::empty({rows, width}, x.options());
+  if (is_bf16)
+    silu_and_mul_rows(reinterpret_cast<const bf16*>(x.data_ptr<c10::BFloat16>()),
+                      reinterpret_cast<bf16*>(out.data_ptr<c10::BFloat16>()), rows, width, stride);
+  else
+    silu_and_mul_rows(x.data_ptr<float>(), out.data_ptr<float>(), rows, width, stride);
   return out;
 }
 
