@@ -1,9 +1,10 @@
 """Where the in-process engine's burst time goes: wall time per step class (steps with prefill tokens,
 decode steps of > 8 sequences, the tail of <= 8), and with `ops` torch.profiler's per-op shares (of the
-whole burst), `decode-ops` (of the decode steps of > 8 sequences only) or `prefill-ops` (of the burst's
-first steps, up to and including the first step without prompt tokens: its prefill steps).
+whole burst), `decode-ops` (of the decode steps of > 8 sequences only), `tail-ops` (from the first step of
+<= 8 sequences after those to the end: the burst's tail) or `prefill-ops` (of the burst's first steps, up to and
+including the first step without prompt tokens: its prefill steps).
 
-    /work/tools/cpu-bench python ops/bench/throughput/steps.py smollm2 [steps|ops|decode-ops|prefill-ops]
+    /work/tools/cpu-bench python ops/bench/throughput/steps.py smollm2 [steps|ops|decode-ops|tail-ops|prefill-ops]
     FERRY_QUANT_TILED_FROM_ROWS=1000000000 ...   # the quant kernel's register passes only (A/B)
     STEPS_KV_CACHE_DTYPE=bfloat16 ...             # the engine's kv_cache_dtype (A/B)
     STEPS_ORDER=shortest ...                      # the burst's waiting queue shortest prompt first (TTFT A/B)
@@ -60,6 +61,7 @@ def main() -> None:
     if profiler and mode in ("ops", "prefill-ops"):
         profiler.start()
     num_out, start, profiling, done = 0, time.perf_counter(), mode in ("ops", "prefill-ops"), False
+    seen_large = False
     while engine.has_unfinished_requests():
         outputs = engine.step()
         num_out += sum(len(o.new_token_ids) for o in outputs)
@@ -72,12 +74,16 @@ def main() -> None:
         if profiler and mode == "decode-ops" and kind == f"decode>{TAIL_SEQS}" and not profiling and not done:
             profiling = True  # after the prefills the batch only shrinks: the large decode steps run in one stretch
             profiler.start()
+        elif profiler and mode == "tail-ops" and kind == f"decode<={TAIL_SEQS}" and seen_large and not profiling:
+            profiling = True  # the tail: from here the batch only shrinks (this step itself is not profiled)
+            profiler.start()
         elif profiler and profiling and mode == "prefill-ops" and kind != "prefill":
             profiling = False  # the burst's prompts are all admitted by now: its prefill steps are profiled
             profiler.stop()
         elif profiler and profiling and mode == "decode-ops" and kind != f"decode>{TAIL_SEQS}":
             profiling, done = False, True
             profiler.stop()
+        seen_large = seen_large or kind == f"decode>{TAIL_SEQS}"
         c = classes[kind]
         c[0] += 1
         c[1] += s.duration_ms
