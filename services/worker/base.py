@@ -89,7 +89,10 @@ class Worker(Admission, Pulling, Reporting, abc.ABC):
         self.has_work = asyncio.Event()
         self.busy = BatchWhenBusy(settings.loop_sched_batch_from)
         """This (asyncio) thread's scheduling policy, by the sequences in a step: ferry.sched."""
-        self.window = AdmissionWindow(settings.admission_window_ms / 1000 if self.admits_in_pull_order else 0.0)
+        self.window = AdmissionWindow(
+            settings.admission_window_ms / 1000 if self.admits_in_pull_order else 0.0,
+            settings.admission_burst_ms / 1000,
+        )
         """Prompts on their way to the engine, for the step that would start without them (window.py)."""
         self.arrivals = asyncio.Event()
         """Set when work is pulled or its addition queued: a held step looks again."""
@@ -220,22 +223,24 @@ class Worker(Admission, Pulling, Reporting, abc.ABC):
 
     async def hold_for_arrivals(self) -> None:
         """The admission window (window.py): while the next step would not fill its token budget and
-        prompts are on their way to the engine, wait for them (at most FERRY_ADMISSION_WINDOW_MS)."""
+        prompts are on their way to the engine, wait for them (at most FERRY_ADMISSION_WINDOW_MS); on an
+        idle engine (a burst's first step) even past the budget, at most FERRY_ADMISSION_BURST_MS."""
         started = time.perf_counter()
-        while self.should_hold(held_s := time.perf_counter() - started):
+        is_idle = self.compute.stats.num_running == 0  # no step runs while this holds: it stays so
+        while self.should_hold(held_s := time.perf_counter() - started, is_idle):
             self.arrivals.clear()
             try:
-                await asyncio.wait_for(self.arrivals.wait(), self.window.window_s - held_s)
+                await asyncio.wait_for(self.arrivals.wait(), self.window.limit_s(is_idle) - held_s)
             except asyncio.TimeoutError:
                 pass
 
-    def should_hold(self, held_s: float) -> bool:
+    def should_hold(self, held_s: float, is_idle: bool = False) -> bool:
         if self.window.window_s <= 0 or self.is_halted:
             return False
         can_pull = not self.ledger.draining and self.pull_budget() > 0
         stats = self.compute.stats
         return self.window.should_hold(
-            held_s, can_pull, stats.num_queued_prefill_tokens, self.settings.max_batch_tokens
+            held_s, can_pull, stats.num_queued_prefill_tokens, self.settings.max_batch_tokens, is_idle
         )
 
     async def halt_engine(self) -> None:
