@@ -85,3 +85,25 @@ def test_a_lone_request_on_an_idle_engine_never_waits():
     assert not window.should_hold(0.0, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET, is_idle=True)
     with pytest.raises(ValueError, match="burst_s"):
         AdmissionWindow(0.02, burst_s=-1.0)
+
+
+def test_an_idle_engine_holds_while_a_burst_keeps_arriving_even_with_nothing_known_behind():
+    """The balancer's queue runs dry mid-burst (the gateway passes it on in spurts): after a request
+    pulled during the hold, an idle engine's first step waits until the burst has been quiet for the
+    window; a busy engine's step does not (it has its own full budget to run)."""
+    window = AdmissionWindow(0.02, burst_s=0.15)
+    window.pulled(["a"], num_pending=0, num_routing=0)
+    window.queued("a")
+    assert window.should_hold(
+        0.03, can_pull=True, num_queued_tokens=BUDGET, budget_tokens=BUDGET, is_idle=True, quiet_s=0.01
+    )
+    assert not window.should_hold(
+        0.03, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET, is_idle=True, quiet_s=0.02
+    )
+    assert not window.should_hold(0.01, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET, quiet_s=0.01)
+    assert not window.should_hold(
+        0.15, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET, is_idle=True, quiet_s=0.0
+    )
+    arrived = window.num_arrived
+    window.pulled(["b", "c"], num_pending=0)
+    assert window.num_arrived == arrived + 2
