@@ -45,9 +45,9 @@ class EngineConfig:
     them up to half of their tokens, at least this many (scheduler.py), so a burst of one or two steps' worth
     gets most first tokens out of a step half as long; 0 = fill the step budget; None reads
     FERRY_PREFILL_SPLIT_TOKENS (default 512). Why: SmolLM2's 24-request bursts through `ferry up` on the Xeon
-    box, TTFT p50 969 -> 680 ms at 278.5 -> 286.0 tok/s (mean of 4 bursts each, one call); the 48 burst (over
-    two steps' worth: its first step fills the budget as before) and Poisson 3 req/s measured the same
-    (ops/bench/throughput/reports/20261205x-xeon-first-steps)."""
+    box, TTFT p50 969 -> 680 ms at 278.5 -> 286.0 tok/s (this setting off -> on, mean of 4 bursts each, one
+    call); the 48 burst (over two steps' worth: its first step fills the budget as before) and Poisson 3 req/s
+    measured the same (ops/bench/throughput/reports/20261205x-xeon-first-steps)."""
     batching: str = "dynamic"
     """'dynamic': iteration-level (continuous) batching; 'static': fill a batch, run it to
     completion, then the next (the baseline)."""
