@@ -211,8 +211,11 @@ class PrefillBalancer(Balancer[PrefillWork]):
             self.mean_prompt_tokens, len(request.all_token_ids), self.config
         )
         work = PrefillWork(request, routed_at=time.time(), num_cached_blocks_hint=self.cached_blocks_hint(choice))
-        trace.hop(request.request_id, "pb.routed")
         await self.send_prefetch(choice.worker_id, request.request_id, prefetch)
+        # the submits queued behind this one (a burst still being routed) tell the worker's admission
+        # window to hold an idle engine's first step for them (services/worker/window.py)
+        work.num_routing_behind = self.service.num_pending("submit")
+        trace.hop(request.request_id, "pb.routed", behind=work.num_routing_behind)
         await self.runtime.publish_work(choice.worker_id, work)
         return SubmitReply(request.request_id, True, worker_id=choice.worker_id)
 
@@ -224,6 +227,7 @@ class PrefillBalancer(Balancer[PrefillWork]):
         await self.send_prefetch(choice.worker_id, work.request.request_id, prefetch)
         work.routed_at = time.time()
         work.num_cached_blocks_hint = self.cached_blocks_hint(choice)
+        work.num_routing_behind = 0  # not part of a burst being routed now
         await self.runtime.publish_work(choice.worker_id, work)
         log.info("re-routed request %s to prefill worker %s", work.request.request_id, choice.worker_id)
         return True

@@ -73,7 +73,12 @@ class Admission(abc.ABC):
         engine thread together and after the previous batch's: a burst's prompts are prefilled
         together, in steps of up to max_batch_tokens, in the order pulled, not one step per prompt."""
         works = [item.msg for item in items if await self._is_new(item)]
-        self.window.pulled([work.request.request_id for work in works], items[-1].num_pending if items else 0)
+        last = items[-1] if items else None
+        self.window.pulled(
+            [work.request.request_id for work in works],
+            last.num_pending if last else 0,
+            getattr(last.msg, "num_routing_behind", 0) if last else 0,  # PrefillWork only (window.py)
+        )
         self.arrivals.set()
         if not self.admits_in_pull_order:
             for work in works:

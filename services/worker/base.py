@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -89,7 +90,10 @@ class Worker(Admission, Pulling, Reporting, abc.ABC):
         self.has_work = asyncio.Event()
         self.busy = BatchWhenBusy(settings.loop_sched_batch_from)
         """This (asyncio) thread's scheduling policy, by the sequences in a step: ferry.sched."""
-        self.window = AdmissionWindow(settings.admission_window_ms / 1000 if self.admits_in_pull_order else 0.0)
+        self.window = AdmissionWindow(
+            settings.admission_window_ms / 1000 if self.admits_in_pull_order else 0.0,
+            settings.admission_burst_ms / 1000,
+        )
         """Prompts on their way to the engine, for the step that would start without them (window.py)."""
         self.arrivals = asyncio.Event()
         """Set when work is pulled or its addition queued: a held step looks again."""
@@ -220,22 +224,34 @@ class Worker(Admission, Pulling, Reporting, abc.ABC):
 
     async def hold_for_arrivals(self) -> None:
         """The admission window (window.py): while the next step would not fill its token budget and
-        prompts are on their way to the engine, wait for them (at most FERRY_ADMISSION_WINDOW_MS)."""
-        started = time.perf_counter()
-        while self.should_hold(held_s := time.perf_counter() - started):
+        prompts are on their way to the engine, wait for them (at most FERRY_ADMISSION_WINDOW_MS); on an
+        idle engine (a burst's first step) even past the budget, at most FERRY_ADMISSION_BURST_MS."""
+        started, last_arrival = time.perf_counter(), -math.inf  # last_arrival: a request pulled during the hold
+        is_idle = self.compute.stats.num_running == 0  # no step runs while this holds: it stays so
+        num_arrived = self.window.num_arrived
+        while True:
+            now = time.perf_counter()
+            held_s, quiet_s = now - started, now - last_arrival
+            if not self.should_hold(held_s, is_idle, quiet_s):
+                return
             self.arrivals.clear()
+            timeout_s = self.window.limit_s(is_idle) - held_s
+            if quiet_s < self.window.window_s:  # look again once the burst has been quiet for the window
+                timeout_s = min(timeout_s, self.window.window_s - quiet_s)
             try:
-                await asyncio.wait_for(self.arrivals.wait(), self.window.window_s - held_s)
+                await asyncio.wait_for(self.arrivals.wait(), timeout_s)
             except asyncio.TimeoutError:
                 pass
+            if self.window.num_arrived != num_arrived:
+                num_arrived, last_arrival = self.window.num_arrived, time.perf_counter()
 
-    def should_hold(self, held_s: float) -> bool:
+    def should_hold(self, held_s: float, is_idle: bool = False, quiet_s: float = math.inf) -> bool:
         if self.window.window_s <= 0 or self.is_halted:
             return False
         can_pull = not self.ledger.draining and self.pull_budget() > 0
         stats = self.compute.stats
         return self.window.should_hold(
-            held_s, can_pull, stats.num_queued_prefill_tokens, self.settings.max_batch_tokens
+            held_s, can_pull, stats.num_queued_prefill_tokens, self.settings.max_batch_tokens, is_idle, quiet_s
         )
 
     async def halt_engine(self) -> None:

@@ -74,6 +74,15 @@ class WorkerSettings(ServiceSettings):
         "for prompts known to be on their way (pulled, or queued in JetStream behind the last one pulled), so a "
         "burst's prompts are prefilled together; a lone request never waits; 0 = off",
     )
+    admission_burst_ms: float = Field(
+        default=150.0,
+        ge=0,
+        description="prefill and both roles: an idle engine's first step (the start of a burst) waits up to this "
+        "long (at least admission_window_ms) for prompts on their way, also those the balancer has not routed yet, "
+        "and, once one arrived during the wait, while the burst keeps arriving (the last one less than "
+        "admission_window_ms ago), past max_batch_tokens: so that it does not run the burst's first prompt alone "
+        "and picks its prompts (FERRY_PREFILL_ORDER) among the whole burst; the window's 0 turns this off too",
+    )
     pipeline_depth: int = Field(
         default=2,
         ge=1,

@@ -256,3 +256,25 @@ async def test_a_restarted_decode_worker_loses_its_session_affinity(nc, decode_b
     await publish_reports(nc, decode_balancer, report("da", role="decode", kv_blocks_used=8, started_at=2.0))
     assert decode_balancer.choose(handoff(7)).worker_id == "db"
     assert decode_balancer.affinity.leading("da", chain) == 0
+
+
+async def test_routed_work_says_how_many_submits_the_balancer_holds_behind_it(nc, js, prefill_balancer):
+    """A burst reaches the balancer faster than it routes (one submit at a time on its loop): each
+    PrefillWork carries the submits still queued behind it, so the worker's admission window knows more
+    of the burst is on its way before JetStream holds any of it (services/worker/window.py)."""
+    await publish_reports(nc, prefill_balancer, report("pr"))
+    send_prefetch = prefill_balancer.send_prefetch
+
+    async def held_first(worker_id, request_id, prefetch):  # the first routing waits until 3 more are queued
+        if request_id == "r0":
+            service = prefill_balancer.service
+            await wait_until(lambda: service.num_pending("submit") == 3, "3 submits queued behind r0", 10)
+        await send_prefetch(worker_id, request_id, prefetch)
+
+    prefill_balancer.send_prefetch = held_first
+    first = asyncio.create_task(submit(nc, 0))
+    await asyncio.sleep(0.1)  # r0 reaches the balancer first
+    replies = await asyncio.gather(first, *(submit(nc, i) for i in range(1, 4)))
+    assert all(r.accepted for r in replies)
+    work = await queued(js, "prefill", "pr", PrefillWork)
+    assert [(w.request.request_id, w.num_routing_behind) for w in work] == [("r0", 3), ("r1", 2), ("r2", 1), ("r3", 0)]

@@ -70,8 +70,28 @@ async def running(worker):
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def work(request_id: str, prompt_len: int, sampling: SamplingParams = SAMPLING) -> PrefillWork:
-    return PrefillWork(GenerateRequest(request_id, "gw-window", "tiny", list(range(3, 3 + prompt_len)), sampling))
+def work(
+    request_id: str, prompt_len: int, sampling: SamplingParams = SAMPLING, num_routing_behind: int = 0
+) -> PrefillWork:
+    request = GenerateRequest(request_id, "gw-window", "tiny", list(range(3, 3 + prompt_len)), sampling)
+    return PrefillWork(request, num_routing_behind=num_routing_behind)
+
+
+def record_steps(worker) -> tuple[list[int], set[str]]:
+    """The sequences of every step that produced outputs, and the requests finished, as the worker runs."""
+    step_sizes: list[int] = []
+    finished: set[str] = set()
+    step = worker.step
+
+    def recorded_step():  # on the engine thread
+        outputs = step()
+        if outputs:
+            step_sizes.append(worker.engine.last_step.num_seqs)
+        finished.update(out.request_id.split("@")[0] for out in outputs if out.finish_reason is not None)
+        return outputs
+
+    worker.step = recorded_step
+    return step_sizes, finished
 
 
 @pytest.mark.parametrize(("window_ms", "is_together"), [(500.0, True), (0.0, False)])
@@ -80,18 +100,7 @@ async def test_a_burst_pulled_one_by_one_is_prefilled_together(
 ):
     monkeypatch.setattr(pulling, "MAX_FETCH", 1)  # one message per pull: the burst arrives one by one
     async with both_worker(nc, redis_url, tiny_model, "window-t", window_ms) as worker:
-        step_sizes: list[int] = []
-        finished: set[str] = set()
-        step = worker.step
-
-        def recorded_step():  # on the engine thread
-            outputs = step()
-            if outputs:
-                step_sizes.append(worker.engine.last_step.num_seqs)
-            finished.update(out.request_id for out in outputs if out.finish_reason is not None)
-            return outputs
-
-        worker.step = recorded_step
+        step_sizes, finished = record_steps(worker)
         for i in range(NUM_REQUESTS):  # queued before the worker pulls: the first pull sees the rest behind it
             await publish_work(nc.jetstream(), "prefill", "window-t", work(f"w{i}", 9 + i))
         async with running(worker):
@@ -99,6 +108,46 @@ async def test_a_burst_pulled_one_by_one_is_prefilled_together(
         # without the window the first step is queued once the first prompt's addition is: the
         # others, pulled one by one meanwhile (the pull loop does not wait for it), join some of it at most
         assert (step_sizes[0] == NUM_REQUESTS) is is_together
+
+
+@pytest.mark.parametrize(("burst_ms", "is_together"), [(2000.0, True), (0.0, False)])
+async def test_an_idle_engines_first_step_waits_for_what_the_balancer_still_routes(
+    nc, redis_url, tiny_model, burst_ms, is_together
+):
+    """The first message of a burst reaches an idle worker while the balancer still routes the other 5
+    (it says so: num_routing_behind=5), and they reach JetStream only 0.3 s later (a balancer busy
+    routing). With FERRY_ADMISSION_BURST_MS the first step waits for them and runs all 6 together; without
+    it (0: the 20 ms window only, which knew nothing of the balancer) the first prompt ran alone and the
+    burst's other prompts waited for that step (issue #22: 155-170 ms of SmolLM2 on the Xeon box)."""
+    js = nc.jetstream()
+    worker_id = f"burst-{int(burst_ms)}"
+    async with both_worker(nc, redis_url, tiny_model, worker_id, admission_burst_ms=burst_ms) as worker:
+        step_sizes, finished = record_steps(worker)
+        names = [f"b{i}" for i in range(NUM_REQUESTS)]
+        async with running(worker):
+            await publish_work(js, "prefill", worker_id, work(names[0], 9, num_routing_behind=NUM_REQUESTS - 1))
+            await asyncio.sleep(0.3)
+            for i, name in enumerate(names[1:], start=1):
+                await publish_work(js, "prefill", worker_id, work(name, 9 + i, num_routing_behind=NUM_REQUESTS - 1 - i))
+            await wait_until(lambda: finished == set(names), "every request finished", 30)
+        assert (step_sizes[0] == NUM_REQUESTS) is is_together
+
+
+async def test_an_idle_engines_first_step_waits_while_the_burst_keeps_arriving(nc, redis_url, tiny_model):
+    """The balancer's queue runs dry mid-burst (the gateway passes a burst on in spurts): 'b' says nothing
+    is behind it, yet 'c' follows 50 ms later. Having seen 'b' arrive during its hold, the idle engine's
+    first step waits until the burst has been quiet for the window (500 ms here: a loaded machine may stretch a
+    50 ms gap several times) and runs all three."""
+    js = nc.jetstream()
+    async with both_worker(nc, redis_url, tiny_model, "quiet-t", 500.0, admission_burst_ms=3000.0) as worker:
+        step_sizes, finished = record_steps(worker)
+        async with running(worker):
+            await publish_work(js, "prefill", "quiet-t", work("a", 9, num_routing_behind=1))
+            for name in ("b", "c"):
+                await asyncio.sleep(0.05)
+                await publish_work(js, "prefill", "quiet-t", work(name, 10))
+            await wait_until(lambda: finished == {"a", "b", "c"}, "every request finished", 30)
+        assert step_sizes[0] == 3
 
 
 async def test_messages_that_arrive_during_a_long_step_join_the_next_one(nc, redis_url, tiny_model):

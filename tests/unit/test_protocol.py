@@ -80,7 +80,9 @@ _HASHES = hash_full_blocks(list(range(48)), 16)
 SAMPLES = {
     "submit": SubmitRequest(request=_REQUEST),
     "submit_reply": SubmitReply(request_id="req-1", accepted=False, reason="overloaded", retry_after_s=1.5),
-    "prefill_work": PrefillWork(request=_REQUEST, routed_at=1700000000.75, num_cached_blocks_hint=2),
+    "prefill_work": PrefillWork(
+        request=_REQUEST, routed_at=1700000000.75, num_cached_blocks_hint=2, num_routing_behind=3
+    ),
     "handoff": Handoff(
         request=_REQUEST,
         prefill_worker_id="p-1",

@@ -172,6 +172,36 @@ def test_shortest_first_admits_short_prompts_first_and_a_passed_over_one_waits_o
     assert plan(step(sched)) == [("c", 1), ("b", 1), ("a", 2), ("d", 2)]
 
 
+def test_a_split_admission_takes_the_shortest_half_of_the_tokens_and_the_rest_goes_whole_next():
+    """split_min_tokens: fresh prompts of 2+3+4+5+10 = 24 tokens wait, the budget (32) holds them all;
+    the first step takes the shortest ones up to half the tokens (12: 2+3+4), so three first tokens come
+    out of a 9-token step instead of one 24-token step; the two passed over go whole in the next step,
+    before a newer, shorter prompt (none waits more than one extra admission), with no split then."""
+    sched = Scheduler(BlockManager(64, BS, enable_prefix_caching=False), 8, 32, shortest_first=True, split_min_tokens=4)
+    for i, n in enumerate([10, 5, 4, 3, 2]):
+        sched.add(make_seq(n, f"p{n}", start=100 * i))
+    assert plan(step(sched)) == [("p2", 2), ("p3", 3), ("p4", 4)]
+    sched.add(make_seq(1, "late", start=900))
+    assert plan(step(sched)) == [("p2", 1), ("p3", 1), ("p4", 1), ("p10", 10), ("p5", 5), ("late", 1)]
+
+
+def test_a_split_admission_stops_no_lower_than_split_min_tokens_and_never_below_one_prompt():
+    sched = Scheduler(BlockManager(64, BS, enable_prefix_caching=False), 8, 32, shortest_first=True, split_min_tokens=8)
+    for i, n in enumerate([6, 3, 2]):  # half of 11 is 6 < 8: up to 8 tokens
+        sched.add(make_seq(n, f"p{n}", start=100 * i))
+    assert plan(step(sched)) == [("p2", 2), ("p3", 3)]
+    sched = Scheduler(BlockManager(64, BS, enable_prefix_caching=False), 8, 32, shortest_first=True, split_min_tokens=4)
+    sched.add(make_seq(20, "alone", start=0))  # more than half of itself: admitted whole anyway
+    assert plan(step(sched)) == [("alone", 20)]
+
+
+def test_without_split_min_tokens_an_admission_fills_the_budget():
+    sched = Scheduler(BlockManager(64, BS, enable_prefix_caching=False), 8, 32, shortest_first=True)
+    for i, n in enumerate([10, 5, 4, 3, 2]):
+        sched.add(make_seq(n, f"p{n}", start=100 * i))
+    assert plan(step(sched)) == [("p2", 2), ("p3", 3), ("p4", 4), ("p5", 5), ("p10", 10)]
+
+
 def test_fcfs_keeps_arrival_order():
     sched = make_sched(budget=16)
     sched.add(make_seq(12, "long", start=0))

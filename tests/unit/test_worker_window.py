@@ -51,3 +51,59 @@ def test_off_at_zero_and_refuses_a_negative_window():
     assert not window.should_hold(0.0, can_pull=True, num_queued_tokens=0, budget_tokens=BUDGET)
     with pytest.raises(ValueError, match="window_s"):
         AdmissionWindow(-1.0)
+
+
+def test_waits_for_what_the_balancer_still_routes_behind_the_last_pull():
+    """The first message of a burst is pulled while the balancer still routes the rest: JetStream holds
+    none of them yet (num_pending 0), the balancer's stamp says how many it has behind it."""
+    window = AdmissionWindow(0.02)
+    window.pulled(["a"], num_pending=0, num_routing=5)
+    window.queued("a")
+    assert window.should_hold(0.0, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET)
+    assert not window.should_hold(0.0, can_pull=False, num_queued_tokens=100, budget_tokens=BUDGET)
+    window.pulled([], num_pending=0)  # the next fetch found nothing more
+    assert not window.should_hold(0.0, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET)
+
+
+def test_an_idle_engine_holds_its_first_step_past_the_window_and_a_full_budget_up_to_burst_s():
+    """A burst's first step waits for the whole burst (shortest-first then picks among all of it), at
+    most burst_s; a step on a busy engine keeps the short window and goes once its budget is full."""
+    window = AdmissionWindow(0.02, burst_s=0.1)
+    window.pulled(["a"], num_pending=0, num_routing=30)
+    window.queued("a")
+    assert window.should_hold(0.05, can_pull=True, num_queued_tokens=BUDGET, budget_tokens=BUDGET, is_idle=True)
+    assert not window.should_hold(0.1, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET, is_idle=True)
+    assert not window.should_hold(0.05, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET)
+    assert not window.should_hold(0.0, can_pull=True, num_queued_tokens=BUDGET, budget_tokens=BUDGET)
+    assert (window.limit_s(is_idle=True), window.limit_s(is_idle=False)) == (0.1, 0.02)
+
+
+def test_a_lone_request_on_an_idle_engine_never_waits():
+    window = AdmissionWindow(0.02, burst_s=0.1)
+    window.pulled(["a"], num_pending=0, num_routing=0)
+    window.queued("a")
+    assert not window.should_hold(0.0, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET, is_idle=True)
+    with pytest.raises(ValueError, match="burst_s"):
+        AdmissionWindow(0.02, burst_s=-1.0)
+
+
+def test_an_idle_engine_holds_while_a_burst_keeps_arriving_even_with_nothing_known_behind():
+    """The balancer's queue runs dry mid-burst (the gateway passes it on in spurts): after a request
+    pulled during the hold, an idle engine's first step waits until the burst has been quiet for the
+    window; a busy engine's step does not (it has its own full budget to run)."""
+    window = AdmissionWindow(0.02, burst_s=0.15)
+    window.pulled(["a"], num_pending=0, num_routing=0)
+    window.queued("a")
+    assert window.should_hold(
+        0.03, can_pull=True, num_queued_tokens=BUDGET, budget_tokens=BUDGET, is_idle=True, quiet_s=0.01
+    )
+    assert not window.should_hold(
+        0.03, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET, is_idle=True, quiet_s=0.02
+    )
+    assert not window.should_hold(0.01, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET, quiet_s=0.01)
+    assert not window.should_hold(
+        0.15, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET, is_idle=True, quiet_s=0.0
+    )
+    arrived = window.num_arrived
+    window.pulled(["b", "c"], num_pending=0)
+    assert window.num_arrived == arrived + 2

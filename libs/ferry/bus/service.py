@@ -270,6 +270,12 @@ class Service:
         """A snapshot of every endpoint's, subscription's and input's counters, by name."""
         return {name: dataclasses.replace(stats) for name, stats in self._counters().items()}
 
+    def num_pending(self, name: str) -> int:
+        """Messages of endpoint/subscription `name` delivered to this process and not yet handled
+        (nats-py's pending queue: each subscription's handler runs them one at a time)."""
+        sub = self._handlers[name].subscription
+        return sub.pending_msgs if sub is not None else 0
+
     def _counters(self) -> dict[str, EndpointStats]:
         return {**{name: h.stats for name, h in self._handlers.items()}, **self._inputs}
 

@@ -40,6 +40,14 @@ class EngineConfig:
     'shortest': under a burst more prompts finish in the first prefill steps (SmolLM2's 48-request burst in the
     engine, unbounded: TTFT p50 1.32-1.44 -> 0.62 s at the same tok/s, ops/bench/throughput/reports/20261205-
     prefill/engine_ab.txt). Dynamic batching only."""
+    prefill_split_tokens: int | None = None
+    """With prefill_order 'shortest': an admission that finds only fresh prompts waiting takes the shortest of
+    them up to half of their tokens, at least this many (scheduler.py), so a burst of one or two steps' worth
+    gets most first tokens out of a step half as long; 0 = fill the step budget; None reads
+    FERRY_PREFILL_SPLIT_TOKENS (default 512). Why: SmolLM2's 24-request bursts through `ferry up` on the Xeon
+    box, TTFT p50 969 -> 680 ms at 278.5 -> 286.0 tok/s (this setting off -> on, mean of 4 bursts each, one
+    call); the 48 burst (over two steps' worth: its first step fills the budget as before) and Poisson 3 req/s
+    measured the same (ops/bench/throughput/reports/20261205x-xeon-first-steps)."""
     batching: str = "dynamic"
     """'dynamic': iteration-level (continuous) batching; 'static': fill a batch, run it to
     completion, then the next (the baseline)."""
@@ -108,6 +116,12 @@ class EngineConfig:
             self.prefill_order,
             f"must be None or one of {PREFILL_ORDERS}",
         )
+        _require(
+            self.prefill_split_tokens is None or self.prefill_split_tokens >= 0,
+            "prefill_split_tokens",
+            self.prefill_split_tokens,
+            "must be None or >= 0",
+        )
         _require(self.batching in BATCHING_MODES, "batching", self.batching, f"must be one of {BATCHING_MODES}")
         _require(self.role in ENGINE_ROLES, "role", self.role, f"must be one of {ENGINE_ROLES}")
         _require(
@@ -139,6 +153,16 @@ def resolve_prefill_order(order: str | None) -> str:
     if raw not in PREFILL_ORDERS:
         raise ValueError(f"FERRY_PREFILL_ORDER={raw!r}: must be one of {PREFILL_ORDERS}")
     return raw
+
+
+def resolve_prefill_split_tokens(tokens: int | None) -> int:
+    """EngineConfig.prefill_split_tokens, None read from FERRY_PREFILL_SPLIT_TOKENS (default 512)."""
+    if tokens is not None:
+        return tokens
+    raw = os.environ.get("FERRY_PREFILL_SPLIT_TOKENS", "512").strip()
+    if not raw.isdigit():
+        raise ValueError(f"FERRY_PREFILL_SPLIT_TOKENS={raw!r}: must be an integer >= 0")
+    return int(raw)
 
 
 def _require(ok: bool, name: str, value: object, problem: str) -> None:

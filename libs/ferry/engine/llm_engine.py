@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ferry.engine.block_manager import BlockManager
-from ferry.engine.config import EngineConfig, resolve_prefill_order
+from ferry.engine.config import EngineConfig, resolve_prefill_order, resolve_prefill_split_tokens
 from ferry.engine.host_cache import HostBlockCache
 from ferry.engine.host_tier import HostTier
 from ferry.engine.kv_copy import KvCopier
@@ -56,6 +56,7 @@ class LLMEngine(KvHandoff, KvTiers, SloHooks):
             config.max_num_batched_tokens,
             static_batching=config.batching == "static",
             shortest_first=resolve_prefill_order(config.prefill_order) == "shortest",
+            split_min_tokens=resolve_prefill_split_tokens(config.prefill_split_tokens),
         )
         self.host: HostTier | None = None
         """Blocks evicted from the pool, kept in host memory (config.host_cache_blocks > 0)."""

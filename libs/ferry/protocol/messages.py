@@ -121,6 +121,12 @@ class PrefillWork:
     num_cached_blocks_hint: int = 0
     """Blocks of the prompt the balancer believed cached on this worker or in the store (its routing
     reason), rounded up: 0 means none known, and the worker then skips its store lookup."""
+    num_routing_behind: int = 0
+    """Submits queued at the balancer behind this one when it was published (more of a burst on its
+    way, not yet in JetStream): the worker's admission window holds an idle engine's first step for them."""
+
+    def __post_init__(self) -> None:
+        _require(self.num_routing_behind >= 0, "num_routing_behind", self.num_routing_behind, "must be >= 0")
 
 
 @dataclass(slots=True)
