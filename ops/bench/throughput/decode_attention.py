@@ -62,7 +62,7 @@ def main() -> None:
     shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]
     for batch, context in shapes:
         for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
-            paths = bf16_paths if dtype == torch.bfloat16 else [None]
+            paths: list[bool | None] = bf16_paths if dtype == torch.bfloat16 else [None]
             times, mb = step_ms(batch, context, dtype, paths)
             for path, ms in zip(paths, times):
                 name = str(dtype)[6:]
