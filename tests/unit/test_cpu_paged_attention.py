@@ -190,8 +190,10 @@ def test_tiny_batches(batch):
     )
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])  # bf16: the VDPBF16PS path where built
-def test_each_row_is_independent_of_the_rest_of_the_batch_and_of_threads(kv_dtype):
+@pytest.mark.parametrize(
+    "kv_dtype,bf16_dot", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)]
+)  # bf16_dot: the VDPBF16PS path where built
+def test_each_row_is_independent_of_the_rest_of_the_batch_and_of_threads(kv_dtype, bf16_dot):
     """Batch invariance: a sequence's output is bit-identical alone, in a batch, on 1 or 2 threads."""
     gen = torch.Generator().manual_seed(6)
     tables, num_blocks = _tables(LENS, gen)
@@ -200,10 +202,11 @@ def test_each_row_is_independent_of_the_rest_of_the_batch_and_of_threads(kv_dtyp
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        batched = fused(q, k_cache, v_cache, tables, lens, 0.125)
+        batched = fused(q, k_cache, v_cache, tables, lens, 0.125, bf16_dot=bf16_dot)
         torch.set_num_threads(1)
         alone = [
-            fused(q[i : i + 1], k_cache, v_cache, tables[i : i + 1], lens[i : i + 1], 0.125) for i in range(len(LENS))
+            fused(q[i : i + 1], k_cache, v_cache, tables[i : i + 1], lens[i : i + 1], 0.125, bf16_dot=bf16_dot)
+            for i in range(len(LENS))
         ]
     finally:
         torch.set_num_threads(threads)

@@ -55,10 +55,13 @@ CFLAGS = [
 ]
 SUPPORTED_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 
-BF16_DOT = os.environ.get("FERRY_DECODE_BF16_DOT", "1") != "0"
-"""FERRY_DECODE_BF16_DOT (default on; 0: off): a bf16 cache's decode attention computes q.K and P.V with
-AVX512_BF16's VDPBF16PS straight from the bf16 rows (csrc/paged_decode_bf16.h), q and the softmax weights rounded
-to bf16, instead of widening every K/V value to fp32 first. Only where the kernel was built for a CPU with
+BF16_DOT = os.environ.get("FERRY_DECODE_BF16_DOT", "0") == "1"
+"""FERRY_DECODE_BF16_DOT=1 (default off): a bf16 cache's decode attention computes q.K and P.V with AVX512_BF16's
+VDPBF16PS straight from the bf16 rows (csrc/paged_decode_bf16.h), q and the softmax weights rounded to bf16,
+instead of widening every K/V value to fp32 first. Off because it was slower on the Xeon it was written on: there
+VDPBF16PS zmm issues once per 2 cycles (0.60 ns against an FMA's 0.15, ops/bench/throughput/bf16_dot_rate.cpp),
+so its 32 products cost what 4 FMAs do, more than the FMAs plus the shared widening it replaces; SmolLM2's decode
+attention ran 4-13% slower (throughput README, "attn" round). Only where the kernel was built for a CPU with
 AVX512_BF16 (decode_bf16_dot_built()) and for head sizes 64 and 128; elsewhere the widening path runs. Read at
 import; benches flip this attribute to compare both paths in one process."""
 

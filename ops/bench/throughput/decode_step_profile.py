@@ -1,9 +1,9 @@
 """A decode step of the in-process engine at several batch sizes: p50 wall time of 40 steps per batch, and with
---profile torch.profiler's op table over 20 more at the batches named. N sequences of 300-token prompts decode
-greedily (ignore_eos), the served default (SmolLM2 Q4_1) unless --model says otherwise. --kv-dtypes A,B: one engine
-per KV cache dtype at each batch, their steps interleaved (A, B, A, B, ...) so machine noise hits them alike;
---bf16-dot 0,1 likewise one engine per decode attention path for a bf16 cache (cpu_decode.BF16_DOT set before
-each engine's step: widening to fp32, VDPBF16PS).
+--profile torch.profiler's op table over 20 more at the batches named. N sequences of 300-token prompts
+(--prompt-tokens) decode greedily (ignore_eos), the served default (SmolLM2 Q4_1) unless --model says otherwise.
+--kv-dtypes A,B: one engine per KV cache dtype at each batch, their steps interleaved (A, B, A, B, ...) so machine
+noise hits them alike; --bf16-dot 0,1 likewise one engine per decode attention path for a bf16 cache
+(cpu_decode.BF16_DOT set before each engine's step: widening to fp32, VDPBF16PS).
 
     /work/tools/cpu-bench python ops/bench/throughput/decode_step_profile.py [--model smollm2] [--profile 1,32]
         [--kv-dtypes bfloat16,float8_e4m3fn] [--bf16-dot 0,1] [--json OUT.json]
@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--profile", default="", help="batch sizes to profile (comma-separated; none by default)")
     parser.add_argument("--kv-dtypes", default="", help="KV cache dtypes, comma-separated ('': the engine's default)")
     parser.add_argument("--bf16-dot", default="", help="decode attention paths to interleave, e.g. 0,1 ('': default)")
+    parser.add_argument("--prompt-tokens", type=int, default=300, help="each sequence's prompt length (default 300)")
     parser.add_argument("--json", type=Path, help="write the p50s here")
     args = parser.parse_args()
     lm = load_model(resolve_model(args.model))
@@ -47,9 +48,11 @@ def main() -> None:
         engines = {}
         for name, dot in variants:
             cpu_decode.BF16_DOT = dot
-            engine = engines[name, dot] = LLMEngine(lm, EngineConfig(num_kv_blocks=1024, kv_cache_dtype=name))
+            blocks = max(1024, batch * ((args.prompt_tokens + 64) // 16 + 2))  # prompt + the steps run here
+            engine = engines[name, dot] = LLMEngine(lm, EngineConfig(num_kv_blocks=blocks, kv_cache_dtype=name))
             for i in range(batch):
-                engine.add_request(f"r{i}", [(7 * i + j) % (vocab - 10) + 10 for j in range(300)], greedy)
+                prompt = [(7 * i + j) % (vocab - 10) + 10 for j in range(args.prompt_tokens)]
+                engine.add_request(f"r{i}", prompt, greedy)
             for _ in range(12):  # the prompts' prefill and a few decode steps
                 engine.step()
         times: dict[tuple[str | None, bool], list[float]] = {variant: [] for variant in engines}
@@ -63,7 +66,15 @@ def main() -> None:
             cpu_decode.BF16_DOT = dot
             p50_ms = statistics.median(times[name, dot]) * 1e3
             kv = engine.kv_cache_dtype
-            rows.append({"batch": batch, "kv_cache_dtype": kv, "bf16_dot": dot, "step_p50_ms": p50_ms})
+            rows.append(
+                {
+                    "batch": batch,
+                    "context": args.prompt_tokens,
+                    "kv_cache_dtype": kv,
+                    "bf16_dot": dot,
+                    "step_p50_ms": p50_ms,
+                }
+            )
             print(f"batch {batch}: kv {kv} bf16_dot {int(dot)}: decode step p50 {p50_ms:.2f} ms", flush=True)
             if batch in profiled:
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

@@ -14,7 +14,9 @@
 // m < 4): acc is kept in that order for the whole item (the softmax only scales it) and put back at the end.
 //
 // Only for head sizes compiled in (64, 128; D = Dv), unit-stride rows, AVX-512 BF16 at build time (-march
-// target); elsewhere, or with bf16_dot off (FERRY_DECODE_BF16_DOT=0, cpu_decode.py), attend widens as before.
+// target), and only when asked (FERRY_DECODE_BF16_DOT=1, cpu_decode.py): measured slower on this project's Xeon,
+// where VDPBF16PS zmm issues once per 2 cycles (4 FMAs' time for its 32 products; bf16_dot_rate.cpp in
+// ops/bench/throughput). Elsewhere attend widens as before.
 // Included by paged_decode.cpp inside its anonymous namespace, after Scratch and Item.
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && FERRY_CPU_LANES == 16
