@@ -104,17 +104,76 @@ def test_mla_value_cache_is_a_prefix_slice_of_the_key_cache():
 @pytest.mark.parametrize("dim,group", [(64, 2), (128, 3), (24, 2)])  # compiled-in sizes, odd groups, remainders
 @pytest.mark.parametrize("strided", [False, True], ids=["contiguous_rows", "strided_elements"])
 def test_reduced_precision_cache_accumulates_in_fp32(dtype, dim, group, strided):
-    """bf16 rows are widened in registers and fp16 / strided rows through a buffer: all equal fp32 math
-    on the same (rounded) values."""
+    """bf16 rows are widened in registers (bf16_dot off) and fp16 / strided rows through a buffer: all equal fp32
+    math on the same (rounded) values."""
     gen = torch.Generator().manual_seed(4 + dim + group)
     tables, num_blocks = _tables(LENS, gen)
     k_cache, v_cache = (_cache(num_blocks, 2, dim * (2 if strided else 1), "head_major", gen).to(dtype) for _ in "kv")
     if strided:
         k_cache, v_cache = k_cache[..., ::2], v_cache[..., ::2]
     q, lens = torch.randn(len(LENS), 2 * group, dim, generator=gen), torch.tensor(LENS)
-    got = fused(q, k_cache, v_cache, tables, lens, 0.125)
+    got = fused(q, k_cache, v_cache, tables, lens, 0.125, bf16_dot=False)
     expected = ref.paged_decode_attention(q, k_cache.float(), v_cache.float(), tables, lens, 0.125)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def _has_avx512_bf16() -> bool:
+    from pathlib import Path
+
+    return " avx512_bf16" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
+
+
+def test_bf16_dot_path_is_built_where_the_cpu_has_avx512_bf16():
+    """-march=native on a CPU with AVX512_BF16 must build the VDPBF16PS path (else it silently never runs)."""
+    assert cpu_decode.decode_bf16_dot_built() == (_has_avx512_bf16() and cpu_decode.march() == "native")
+
+
+BF16_DOT_LENS = [1, 2, 15, 16, 17, 31, 33, 300]  # odd tiles (a last token without a partner), partial blocks
+
+
+@pytest.mark.parametrize("window", [None, 20])
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 7])  # runs of 3 query rows and the shorter last runs
+@pytest.mark.parametrize("dim", [64, 128])
+def test_bf16_dot_matches_reference_within_bf16_rounding(dim, group, window):
+    """The VDPBF16PS path rounds q and the softmax weights to bf16 (8 significant bits, 2^-9 relative): measured
+    ~1e-3 relative (Frobenius) error against fp32 math on the same cache values and at most ~6e-3 on one output,
+    about half of what rounding K/V to bf16 costs against an fp32 cache (asserted below, on the same data)."""
+    gen = torch.Generator().manual_seed(dim + group + (window or 0))
+    tables, num_blocks = _tables(BF16_DOT_LENS, gen)
+    k32, v32 = (_cache(num_blocks, 2, dim, "head_major", gen) for _ in "kv")
+    k_cache, v_cache = k32.to(torch.bfloat16), v32.to(torch.bfloat16)
+    q, lens = torch.randn(len(BF16_DOT_LENS), 2 * group, dim, generator=gen), torch.tensor(BF16_DOT_LENS)
+    scale = dim**-0.5
+    got = fused(q, k_cache, v_cache, tables, lens, scale, window, bf16_dot=True)
+    exact = ref.paged_decode_attention(q, k_cache.float(), v_cache.float(), tables, lens, scale, window)
+    fp32_cache = ref.paged_decode_attention(q, k32, v32, tables, lens, scale, window)
+    torch.testing.assert_close(got, exact, atol=1e-2, rtol=1e-2)
+    dot_error = ((got - exact).norm() / exact.norm()).item()
+    cache_error = ((exact - fp32_cache).norm() / fp32_cache.norm()).item()
+    assert dot_error < 2e-3 and dot_error < cache_error, (dot_error, cache_error)
+    if cpu_decode.decode_bf16_dot_built():  # the path ran: the widening path gives other bits
+        assert not torch.equal(got, fused(q, k_cache, v_cache, tables, lens, scale, window, bf16_dot=False))
+
+
+@pytest.mark.parametrize("case", ["fp32_cache", "head_dim_80", "strided_elements", "mla_dv_below_d"])
+def test_bf16_dot_leaves_other_caches_on_the_widening_path(case):
+    """bf16_dot only changes bf16 caches of unit-stride rows and D = Dv in {64, 128}: every other cache gives the
+    widening path's bits."""
+    gen = torch.Generator().manual_seed(11)
+    tables, num_blocks = _tables(LENS, gen)
+    dim = 80 if case == "head_dim_80" else 64
+    dtype = torch.float32 if case == "fp32_cache" else torch.bfloat16
+    k_cache = _cache(num_blocks, 2, 2 * dim, "head_major", gen).to(dtype)
+    v_cache = _cache(num_blocks, 2, 2 * dim, "head_major", gen).to(dtype)
+    if case == "strided_elements":
+        k_cache, v_cache = k_cache[..., ::2], v_cache[..., ::2]
+    elif case == "mla_dv_below_d":
+        k_cache, v_cache = k_cache[..., :dim], k_cache[..., : dim // 2]
+    else:
+        k_cache, v_cache = k_cache[..., :dim], v_cache[..., :dim]
+    q, lens = torch.randn(len(LENS), 4, dim, generator=gen), torch.tensor(LENS)
+    on, off = (fused(q, k_cache, v_cache, tables, lens, 0.125, bf16_dot=flag) for flag in (True, False))
+    assert torch.equal(on, off)
 
 
 @pytest.mark.parametrize("batch", [0, 1])
@@ -131,19 +190,23 @@ def test_tiny_batches(batch):
     )
 
 
-def test_each_row_is_independent_of_the_rest_of_the_batch_and_of_threads():
+@pytest.mark.parametrize(
+    "kv_dtype,bf16_dot", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)]
+)  # bf16_dot: the VDPBF16PS path where built
+def test_each_row_is_independent_of_the_rest_of_the_batch_and_of_threads(kv_dtype, bf16_dot):
     """Batch invariance: a sequence's output is bit-identical alone, in a batch, on 1 or 2 threads."""
     gen = torch.Generator().manual_seed(6)
     tables, num_blocks = _tables(LENS, gen)
-    k_cache, v_cache = (_cache(num_blocks, 2, 64, "head_major", gen) for _ in "kv")
+    k_cache, v_cache = (_cache(num_blocks, 2, 64, "head_major", gen).to(kv_dtype) for _ in "kv")
     q, lens = torch.randn(len(LENS), 4, 64, generator=gen), torch.tensor(LENS)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        batched = fused(q, k_cache, v_cache, tables, lens, 0.125)
+        batched = fused(q, k_cache, v_cache, tables, lens, 0.125, bf16_dot=bf16_dot)
         torch.set_num_threads(1)
         alone = [
-            fused(q[i : i + 1], k_cache, v_cache, tables[i : i + 1], lens[i : i + 1], 0.125) for i in range(len(LENS))
+            fused(q[i : i + 1], k_cache, v_cache, tables[i : i + 1], lens[i : i + 1], 0.125, bf16_dot=bf16_dot)
+            for i in range(len(LENS))
         ]
     finally:
         torch.set_num_threads(threads)

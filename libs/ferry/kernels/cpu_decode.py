@@ -37,7 +37,10 @@ SOURCES = [
     for name in ("paged_decode.cpp", "cpu_layers.cpp", "quant_linear.cpp", "quant_dot.cpp")
 ]
 # included by SOURCES: part of the build's identity
-HEADERS = [Path(__file__).with_name("csrc") / name for name in ("cpu_math.h", "quant_dot_amx.h", "bf16_amx.h")]
+HEADERS = [
+    Path(__file__).with_name("csrc") / name
+    for name in ("cpu_math.h", "quant_dot_amx.h", "bf16_amx.h", "paged_decode_bf16.h")
+]
 # reassociation (not -ffast-math: the online softmax relies on -inf) lets reductions use vector trees.
 # -fopenmp: at::parallel_for is a header template whose OpenMP team exists only when the extension itself
 # is compiled with OpenMP; without it every parallel_for here ran on one thread. Linked against the
@@ -51,6 +54,16 @@ CFLAGS = [
     "-fassociative-math",
 ]
 SUPPORTED_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+
+BF16_DOT = os.environ.get("FERRY_DECODE_BF16_DOT", "0") == "1"
+"""FERRY_DECODE_BF16_DOT=1 (default off): a bf16 cache's decode attention computes q.K and P.V with AVX512_BF16's
+VDPBF16PS straight from the bf16 rows (csrc/paged_decode_bf16.h), q and the softmax weights rounded to bf16,
+instead of widening every K/V value to fp32 first. Off because it was slower on the Xeon it was written on: there
+VDPBF16PS zmm issues once per 2 cycles (0.60 ns against an FMA's 0.15, ops/bench/throughput/bf16_dot_rate.cpp),
+so its 32 products cost what 4 FMAs do, more than the FMAs plus the shared widening it replaces; SmolLM2's decode
+attention ran 4-13% slower (throughput README, "attn" round). Only where the kernel was built for a CPU with
+AVX512_BF16 (decode_bf16_dot_built()) and for head sizes 64 and 128; elsewhere the widening path runs. Read at
+import; benches flip this attribute to compare both paths in one process."""
 
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}  # "op": the torch op, or None once a build has failed
@@ -200,6 +213,11 @@ def kernel_built() -> bool:
     return kernel() is not None
 
 
+def decode_bf16_dot_built() -> bool:
+    """The kernel was built with the bf16 dot-product path (a CPU, or FERRY_KERNEL_MARCH, with AVX512_BF16)."""
+    return kernel_built() and bool(torch.ops.ferry_cpu.decode_bf16_dot())
+
+
 def fused_paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -208,10 +226,11 @@ def fused_paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     window: int | None = None,
+    bf16_dot: bool | None = None,
 ) -> torch.Tensor:
     """Same contract as attention_ref.paged_decode_attention: q [B, H, D]; k_cache [N, bs, Hkv, D];
     v_cache [N, bs, Hkv, Dv] (any strides) ; block_tables [B, M] int64; seq_lens [B] int64 -> [B, H, Dv]
-    in q's dtype, accumulated in fp32."""
+    in q's dtype, accumulated in fp32. bf16_dot: the bf16-cache path of BF16_DOT (None: that setting)."""
     _check(q, k_cache, v_cache, block_tables, seq_lens, window)
     op = kernel()
     if op is None:
@@ -227,6 +246,7 @@ def fused_paged_decode_attention(
         seq_lens.contiguous(),
         float(scale),
         int(window or 0),
+        BF16_DOT if bf16_dot is None else bool(bf16_dot),
     )  # [B, H, Dv] fp32
     return out.to(q.dtype)
 

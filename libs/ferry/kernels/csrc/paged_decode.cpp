@@ -79,9 +79,11 @@ struct Scratch {  // one per worker thread, sized once
   std::vector<float> q, acc, scores, max, sum, kbuf, vbuf;
   std::vector<const R*> krows, vrows;
   std::vector<const char*> ahead;  // [kTile, 2]: K and V row addresses of the next tile
+  std::vector<uint16_t> qb;        // [G, D] bf16 query rows (paged_decode_bf16.h)
+  std::vector<uint32_t> pb;        // [G, kTile / 2] the tile's softmax weights as bf16 pairs (likewise)
   Scratch(int64_t group, int64_t dim, int64_t dim_v)
       : q(group * dim), acc(group * dim_v), scores(group * kTile), max(group), sum(group), kbuf(kTile * dim),
-        vbuf(kTile * dim_v), krows(kTile), vrows(kTile), ahead(2 * kTile) {}
+        vbuf(kTile * dim_v), krows(kTile), vrows(kTile), ahead(2 * kTile), qb(group * dim), pb(group * kTile / 2) {}
 };
 
 struct Item {  // one (sequence, KV head) work item
@@ -260,6 +262,14 @@ void attend(const Item& it, const Item* following, const CacheView<T>& k, const 
   }
 }
 
+#include "paged_decode_bf16.h"
+
+#if defined(FERRY_DECODE_BF16_DOT)
+bool decode_bf16_dot() { return true; }
+#else
+bool decode_bf16_dot() { return false; }
+#endif
+
 // First visible position of each sequence; raises ValueError on lengths or block ids the cache
 // cannot hold, before any thread reads memory through them.
 std::vector<int64_t> check_and_window(const int64_t* tables, const int64_t* lens, int64_t batch,
@@ -279,7 +289,8 @@ std::vector<int64_t> check_and_window(const int64_t* tables, const int64_t* lens
   return first;
 }
 
-template <typename T, typename R, int kD, int kDv>
+// kDot: bf16 rows through paged_decode_bf16.h's attend_bf16 (T = c10::BFloat16, R = bf16, kD = kDv).
+template <typename T, typename R, int kD, int kDv, bool kDot = false>
 void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const int64_t* tables,
          int64_t max_blocks, const int64_t* lens, const std::vector<int64_t>& first, float scale, at::Tensor& out) {
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2), dim_v = out.size(2);
@@ -307,16 +318,32 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
     for (int64_t w = next.fetch_add(1), following = next.fetch_add(1); w < items;
          w = following, following = next.fetch_add(1)) {
       const Item it = item(w), after = following < items ? item(following) : Item{};
-      attend<T, R, kD, kDv>(it, following < items ? &after : nullptr, k, v, bs, group, scale, s);
+      const Item* next_item = following < items ? &after : nullptr;
+#if defined(FERRY_DECODE_BF16_DOT)
+      if constexpr (kDot) {
+        attend_bf16<kD>(it, next_item, k, v, bs, group, scale, s);
+        continue;
+      }
+#endif
+      attend<T, R, kD, kDv>(it, next_item, k, v, bs, group, scale, s);
     }
   });
 }
 
+// bf16_dot: bf16 rows of a compiled-in head size (64, 128) go through attend_bf16 where it was built.
 template <typename T, typename R>
 void run_dims(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const int64_t* tables,
               int64_t max_blocks, const int64_t* lens, const std::vector<int64_t>& first, float scale,
-              at::Tensor& out) {
+              at::Tensor& out, bool bf16_dot = false) {
   const int64_t dim = q.size(2), dim_v = out.size(2);
+#if defined(FERRY_DECODE_BF16_DOT)
+  if constexpr (std::is_same_v<R, bf16>) {
+    if (bf16_dot && dim == 64 && dim_v == 64)
+      return run<T, R, 64, 64, true>(q, k_cache, v_cache, tables, max_blocks, lens, first, scale, out);
+    if (bf16_dot && dim == 128 && dim_v == 128)
+      return run<T, R, 128, 128, true>(q, k_cache, v_cache, tables, max_blocks, lens, first, scale, out);
+  }
+#endif
   if (dim == 64 && dim_v == 64) return run<T, R, 64, 64>(q, k_cache, v_cache, tables, max_blocks, lens, first, scale, out);
   if (dim == 128 && dim_v == 128) return run<T, R, 128, 128>(q, k_cache, v_cache, tables, max_blocks, lens, first, scale, out);
   run<T, R, 0, 0>(q, k_cache, v_cache, tables, max_blocks, lens, first, scale, out);
@@ -324,10 +351,11 @@ void run_dims(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& 
 
 // q [B, H, D] fp32, each row's [H, D] contiguous (rows may be a wider tensor's); k_cache [N, bs, Hkv, D],
 // v_cache [N, bs, Hkv, Dv] (any strides, one dtype: fp32, bf16, fp16 or fp8 e4m3); block_tables [B, M] int64 contiguous;
-// seq_lens [B] int64 contiguous; window <= 0: none -> [B, H, Dv] fp32.
+// seq_lens [B] int64 contiguous; window <= 0: none; bf16_dot: a bf16 cache's scores and weighted sums with
+// VDPBF16PS where built (decode_bf16_dot()), q and the softmax weights rounded to bf16 -> [B, H, Dv] fp32.
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
-                                  int64_t window) {
+                                  int64_t window, bool bf16_dot) {
   TORCH_INTERNAL_ASSERT(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2) && q.scalar_type() == at::kFloat);
   TORCH_INTERNAL_ASSERT(k_cache.dim() == 4 && v_cache.dim() == 4 && k_cache.scalar_type() == v_cache.scalar_type());
   TORCH_INTERNAL_ASSERT(block_tables.is_contiguous() && block_tables.scalar_type() == at::kLong);
@@ -345,7 +373,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     case at::kFloat: run_dims<float, float>(q, k_cache, v_cache, tables, max_blocks, lens, first, s, out); break;
     case at::kBFloat16:  // read in place and widened in registers where elements are contiguous
       if (k_cache.stride(3) == 1 && v_cache.stride(3) == 1)
-        run_dims<c10::BFloat16, bf16>(q, k_cache, v_cache, tables, max_blocks, lens, first, s, out);
+        run_dims<c10::BFloat16, bf16>(q, k_cache, v_cache, tables, max_blocks, lens, first, s, out, bf16_dot);
       else
         run_dims<c10::BFloat16, float>(q, k_cache, v_cache, tables, max_blocks, lens, first, s, out);
       break;
@@ -366,6 +394,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 
 TORCH_LIBRARY(ferry_cpu, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor seq_lens, float scale, int window) -> Tensor",
+        "Tensor seq_lens, float scale, int window, bool bf16_dot=False) -> Tensor",
         &paged_decode_attention);
+  m.def("decode_bf16_dot() -> bool", &decode_bf16_dot);
 }
