@@ -200,6 +200,11 @@ class PrefillBalancer(Balancer[PrefillWork]):
         block_size = self.runtime.view.workers[choice.worker_id].report.block_size
         return -(-choice.num_cached_tokens // block_size)
 
+    def routing_share(self, num_pending: int, model: str) -> int:
+        """One routable worker's share of `num_pending` submits, rounded up (the routing spreads a burst)."""
+        num_workers = max(1, len(self.runtime.view.routable(time.monotonic(), model)))
+        return -(-num_pending // num_workers)
+
     async def submit(self, submit: SubmitRequest) -> SubmitReply:
         request = submit.request
         trace.hop(request.request_id, "pb.submit")
@@ -213,8 +218,10 @@ class PrefillBalancer(Balancer[PrefillWork]):
         work = PrefillWork(request, routed_at=time.time(), num_cached_blocks_hint=self.cached_blocks_hint(choice))
         await self.send_prefetch(choice.worker_id, request.request_id, prefetch)
         # the submits queued behind this one (a burst still being routed) tell the worker's admission
-        # window to hold an idle engine's first step for them (services/worker/window.py)
-        work.num_routing_behind = self.service.num_pending("submit")
+        # window to hold an idle engine's first step for them (services/worker/window.py): this worker's
+        # share of them, rounded up, so that with several workers an idle one does not hold its first step
+        # for prompts that go to the others
+        work.num_routing_behind = self.routing_share(self.service.num_pending("submit"), request.model)
         trace.hop(request.request_id, "pb.routed", behind=work.num_routing_behind)
         await self.runtime.publish_work(choice.worker_id, work)
         return SubmitReply(request.request_id, True, worker_id=choice.worker_id)

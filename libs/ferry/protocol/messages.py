@@ -123,7 +123,8 @@ class PrefillWork:
     reason), rounded up: 0 means none known, and the worker then skips its store lookup."""
     num_routing_behind: int = 0
     """Submits queued at the balancer behind this one when it was published (more of a burst on its
-    way, not yet in JetStream): the worker's admission window holds an idle engine's first step for them."""
+    way, not yet in JetStream), this worker's share of them (divided by the routable workers, rounded up):
+    the worker's admission window holds an idle engine's first step for them."""
 
     def __post_init__(self) -> None:
         _require(self.num_routing_behind >= 0, "num_routing_behind", self.num_routing_behind, "must be >= 0")
