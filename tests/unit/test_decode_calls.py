@@ -42,9 +42,11 @@ def _decode_logits(lm, kv, context_lens: list[int], general: bool) -> torch.Tens
         lm.model._decode_calls = False
 
 
+@pytest.mark.parametrize("cpp_loop", [True, False])
 @pytest.mark.parametrize("weights_dtype", ["int4", "int8"])
 @pytest.mark.parametrize("batch", [1, 3, 8])
-def test_a_decode_step_gives_the_general_paths_logits_bit_for_bit(tiny, weights_dtype, batch):
+def test_a_decode_step_gives_the_general_paths_logits_bit_for_bit(tiny, weights_dtype, batch, cpp_loop, monkeypatch):
+    monkeypatch.setattr(decode_calls, "CPP_LOOP", cpp_loop)
     lm = load_model(tiny, weights_dtype=weights_dtype)
     assert decode_calls.decode_calls(lm.model) is not None  # else this test would compare the general path to itself
     kv = lm.model.make_kv_cache(4 * batch, BLOCK)
@@ -55,6 +57,7 @@ def test_a_decode_step_gives_the_general_paths_logits_bit_for_bit(tiny, weights_
     assert isinstance(lm.model._decode_calls, bool)  # reset by the helper: it was built and used
     general = _decode_logits(lm, kv, context, general=True)
     assert torch.equal(fast, general)
+    assert torch.equal(_decode_logits(lm, kv, context, general=False), fast)  # a second step: the bound lists kept
 
 
 def _greedy(lm, prompts: list[list[int]]) -> list[list[int]]:

@@ -15,7 +15,8 @@ MoE/MLA layers, a backend other than 'cpu', or a kernel build that failed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -48,12 +49,19 @@ class LayerCalls:
     window: int
 
 
+CPP_LOOP = os.environ.get("FERRY_DECODE_CPP_LOOP", "1") != "0"
+"""run() hands the whole layer loop to one C++ op (csrc/decode_layers.cpp: the same ops through the dispatcher, no
+GIL held); FERRY_DECODE_CPP_LOOP=0 (read once at import) keeps the loop in Python, calling the same ops one by one."""
+
+
 @dataclass(frozen=True, slots=True)
 class DecodeCalls:
     first_norm: tuple[torch.Tensor, float]
     layers: tuple[LayerCalls, ...]
     has_bf16_copy: bool
     """Some projection holds a bf16 copy (QuantLinear.bf16_copy), which multiplies BF16_COPY_FROM_ROWS+ rows."""
+    flat: dict = field(default_factory=dict)
+    """flat_arguments' lists, made once per KV cache storage: {id of kv.data: (kv.data, tensors, ints, floats)}."""
 
     def takes(self, num_rows: int, kv: PagedKVCache) -> bool:
         """Whether every projection multiplies num_rows rows through its dot_call (what QuantLinear.forward
@@ -117,6 +125,28 @@ def decode_calls(model: CausalLM) -> DecodeCalls | None:
     return DecodeCalls(norms[0], tuple(calls), has_copy)
 
 
+def flat_arguments(calls: DecodeCalls, kv: PagedKVCache) -> tuple[list[torch.Tensor], list[int], list[float]]:
+    """The C++ loop's per-layer lists (csrc/decode_layers.cpp): tensors [qkv, o, gate_up, down] x (codes, scales,
+    offsets), post norm weight, next norm weight, K cache view, V cache view; ints [qkv, o, gate_up, down] x (bits,
+    group_size, n, digits, amx_from_rows), heads, kv heads, head dim, window; floats post eps, next eps, scale."""
+    held = calls.flat.get(id(kv.data))
+    if held is not None and held[0] is kv.data:
+        return held[1:]
+    tensors: list[torch.Tensor] = []
+    ints: list[int] = []
+    floats: list[float] = []
+    for c in calls.layers:
+        for _, (codes, scales, offsets, *rest) in (c.qkv, c.o, c.gate_up, c.down):
+            tensors += [codes, scales, offsets]
+            ints += [int(v) for v in rest]
+        tensors += [c.post_norm[0], c.next_norm[0], kv.layer(c.layer, 0), kv.layer(c.layer, 1)]
+        ints += [c.heads, c.kv_heads, c.head_dim, c.window]
+        floats += [c.post_norm[1], c.next_norm[1], c.scale]
+    calls.flat.clear()  # one cache at a time: a replaced one's views are not kept alive
+    calls.flat[id(kv.data)] = (kv.data, tensors, ints, floats)
+    return tensors, ints, floats
+
+
 def run(
     calls: DecodeCalls, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata, kv: PagedKVCache
 ) -> torch.Tensor:
@@ -134,6 +164,8 @@ def run(
     slots, tables, seq_lens = meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens
     cos, sin = cos.contiguous(), sin.contiguous()
     h = ops.rms_norm.default(x, *calls.first_norm)
+    if CPP_LOOP:
+        return ops.decode_layers.default(x, h, cos, sin, slots, tables, seq_lens, *flat_arguments(calls, kv))
     for c in calls.layers:
         heads, kv_heads = c.heads, c.kv_heads
         qkv = c.qkv[0](h, *c.qkv[1]).view(rows, heads + 2 * kv_heads, c.head_dim)  # [B, H + 2 Hkv, D]
