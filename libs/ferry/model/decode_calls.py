@@ -1,16 +1,20 @@
 """The layers of a pure-decode CPU step at small batch, with every kernel call bound once.
 
-At batch 1-8 a SmolLM2 decode step spent ~5 ms of its ~16 ms (batch 1, 1 thread, 2-core Xeon) outside the
+At batch 1-8 a SmolLM2 decode step spent ~5 ms of its 15.5 ms (batch 1, 1 thread, 2-core Xeon) outside the
 kernels: nn.Module calls, the per-call checks of each wrapper (dtype, device, strides, which matmul path),
 views and splits, ~32 Python-level calls and ~960 torch ops per step. A step whose every row decodes one
 token (no prefill rows) with int4/int8 weights that multiply through the int8-activation kernel
 (QuantLinear.dot_call) needs none of those decisions per call: they are taken once here, when the model is
-first stepped, into a LayerCalls per layer (the ops and their bound arguments), and run() calls the ops
-directly. The ops and their order are exactly those of CausalLM._cpu_layers, so the results are identical
-(tests/unit/test_decode_calls.py compares them bit for bit).
+first stepped, into a LayerCalls per layer (the ops and their bound arguments), and run() hands the whole
+loop to one C++ op (csrc/decode_layers.cpp; CPP_LOOP) or, with FERRY_DECODE_CPP_LOOP=0, calls the ops from
+Python. The ops and their order are exactly those of CausalLM._cpu_layers, so the results are identical
+(tests/unit/test_decode_calls.py compares them bit for bit). Measured in one call, alternating
+(ops/bench/throughput/reports/20261205x-xeon-step-host): the step at batch 1 / 4 / 8 went from 15.5 / 21.6 /
+28.8 ms to 10.7 / 16.6 / 23.6 ms, of which ~10.2 / 16.4 / 23.7 ms (profiled) is now inside the kernels.
 
 decode_calls() returns None, and the model keeps its general path, for anything else: float weights, biases,
-MoE/MLA layers, a backend other than 'cpu', or a kernel build that failed.
+MoE/MLA layers, a backend other than 'cpu', or a kernel build that failed; takes() refuses batches that the
+bf16 copy or the bf16 matmul would multiply (16+ rows on AMX by default) and caches of other dtypes.
 """
 
 from __future__ import annotations
