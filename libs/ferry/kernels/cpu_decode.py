@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = [
     Path(__file__).with_name("csrc") / name
-    for name in ("paged_decode.cpp", "cpu_layers.cpp", "quant_linear.cpp", "quant_dot.cpp")
+    for name in ("paged_decode.cpp", "cpu_layers.cpp", "quant_linear.cpp", "quant_dot.cpp", "decode_layers.cpp")
 ]
 # included by SOURCES: part of the build's identity
 HEADERS = [

@@ -10,6 +10,7 @@ from torch import nn
 
 from ferry.kernels import ATTENTION_BACKENDS
 from ferry.kernels.cpu_layers import add_rms_norm_
+from ferry.model import decode_calls
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
 from ferry.model.cpu_linear import FusedProjection, Linear
@@ -76,6 +77,8 @@ class CausalLM(nn.Module):
         self.tie_weights()
         self.rotary = make_rotary(cfg)
         self.attention_backend = "cpu"
+        self._decode_calls: decode_calls.DecodeCalls | bool | None = False
+        """decode_calls.decode_calls(self), made at the first pure-decode CPU step (False: not yet)."""
 
     def tie_weights(self) -> None:
         """Shares the embedding with lm_head when the config says so (again after to_empty, which unties)."""
@@ -94,6 +97,7 @@ class CausalLM(nn.Module):
                 if isinstance(part, (FusedProjection, GroupedExperts)):
                     part.backend = backend
         self.attention_backend = backend
+        self._decode_calls = False
 
     def fuse_projections(self) -> None:
         """After loading: q/k/v and gate/up each become one matmul (parameters become slices)."""
@@ -108,6 +112,7 @@ class CausalLM(nn.Module):
             prepack = getattr(module, "prepack", None)
             if module is not self and callable(prepack):
                 prepack()
+        self._decode_calls = False
 
     @torch.inference_mode()
     def forward(
@@ -122,12 +127,25 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary.cos_sin(positions, x.dtype)  # [T, rope_dim/2]
         if self.attention_backend == "cpu" and x.dtype == torch.float32 and x.device.type == "cpu":
+            calls = self._decode_calls_for(meta, kv)
+            if calls is not None:  # a small pure-decode step: the same ops, called directly
+                return self.lm_head(decode_calls.run(calls, x, cos, sin, meta, kv)).float()
             x = self._cpu_layers(x, cos, sin, meta, kv)
         else:
             for layer in self.model.layers:
                 x = layer(x, cos, sin, meta, kv)
         last = self.model.norm(x[meta.logits_indices])  # [B, hidden]: only rows we need logits for
         return self.lm_head(last).float()
+
+    def _decode_calls_for(self, meta: AttentionMetadata, kv: PagedKVCache) -> decode_calls.DecodeCalls | None:
+        """The bound calls when this step is one decoding token per sequence that they take, else None."""
+        if meta.prefill_rows or meta.num_decodes != meta.num_tokens:
+            return None
+        if self._decode_calls is False:
+            self._decode_calls = decode_calls.decode_calls(self)
+        calls = self._decode_calls
+        assert calls is not True
+        return calls if calls is not None and calls.takes(meta.num_tokens, kv) else None
 
     def _cpu_layers(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata, kv: PagedKVCache
