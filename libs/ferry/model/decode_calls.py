@@ -16,7 +16,11 @@ Steps of BF16_COPY_FROM_ROWS+ rows (16+ on AMX by default), whose matmuls go thr
 (ferry_cpu::bf16_amx_linear), run the same way with the copy variant of each matmul, picked per step (the row count
 decides, as in QuantLinear.forward): q/k/v and o_proj hand fp32 rows on, and with quant_linear.BF16_ACTIVATIONS
 gate/up -> SiLU-and-mul -> down stays bf16 as in GatedMLP.forward (else fp32), so those steps' logits are the general
-path's bit for bit too. They were ~48% of the SmolLM2 burst's engine time (126 steps of ~36 ms, ~8 ms of it host).
+path's bit for bit too. They were ~48% of the SmolLM2 burst's engine time (126 steps of ~36 ms, ~8 ms of it host);
+measured in one call, alternating (ops/bench/throughput/reports/20261205x-xeon-step-host-large, 1 thread), the step at
+batch 16 / 32 / 48 went from 40.6 / 54.4 / 67.9 ms to 33.2 / 46.2 / 59.3 ms (profiled kernel time ~33 / 47 / 62 ms
+either way: what went is host time), and `ferry up` on the 48 burst from 475 / 492 to 527 / 548 output tok/s (two
+calls, +11%), 0.78 -> 0.86-0.87 of the in-process engine's.
 
 decode_calls() returns None, and the model keeps its general path, for anything else: float weights, biases,
 MoE/MLA layers, a backend other than 'cpu', or a kernel build that failed; takes() refuses caches of other dtypes,
