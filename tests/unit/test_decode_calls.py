@@ -173,6 +173,21 @@ def test_an_engine_generates_the_same_tokens_without_them(tiny, monkeypatch):
     assert runs[0] == runs[1]
 
 
+def test_an_engine_of_the_copys_rows_generates_the_same_tokens_without_them(tiny, monkeypatch):
+    """18 sequences decoding together: the steps of 16+ rows go through the copies in the bound calls, the same
+    greedy tokens as the general path."""
+    lm = _copy_model(tiny, "int4", monkeypatch)
+    prompts = [[(5 * i + j) % lm.config.vocab_size for j in range(5 + i)] for i in range(18)]
+    runs, rows, run = [], [], decode_calls.run
+    monkeypatch.setattr(decode_calls, "run", lambda calls, x, *a: rows.append(x.shape[0]) or run(calls, x, *a))
+    runs.append(_greedy(lm, prompts))
+    assert max(rows) == 18  # the bound calls served the 18-row decode steps
+    monkeypatch.setattr(decode_calls, "decode_calls", lambda model: None)
+    lm.model._decode_calls = False
+    runs.append(_greedy(lm, prompts))
+    assert runs[0] == runs[1]
+
+
 def test_steps_they_do_not_take_keep_the_general_path(tiny, monkeypatch):
     assert decode_calls.decode_calls(load_model(tiny).model) is None  # float weights: oneDNN matmuls
     lm = load_model(tiny, weights_dtype="int4")
