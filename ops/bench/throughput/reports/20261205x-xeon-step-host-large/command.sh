@@ -13,3 +13,6 @@ cd $R && python plot.py   # summary.json, step_host.png
 # The before profile (its own call, after the others): the same with the base checkout first on PYTHONPATH
 /work/tools/cpu-bench env PYTHONPATH=/tmp/loop2/base/libs:$PYTHONPATH python ops/bench/throughput/step_host.py smollm2 \
   --batches 16 32 48 --steps 32 --profile --json $R/profile_before.json
+# Poisson arrivals, 3 requests/s (one call, the last)
+/work/tools/cpu-bench python ops/bench/throughput/ab.py --model smollm2 --rounds 2 --bursts 1 --rate 3 \
+  --variant "base=PYTHONPATH=/tmp/loop2/base/libs:$PWD/libs:$PWD:$PWD/.pyshim" --variant "new=" --json $R/ab_poisson3.json

@@ -38,6 +38,8 @@ for b in batches:
     summary["batches"][b] = row
 for path in sorted(here.glob("ab_burst*.json")):
     summary["bursts"][path.name] = json.loads(path.read_text())["summary"]
+if (here / "ab_poisson3.json").exists():
+    summary["poisson_3_per_s"] = json.loads((here / "ab_poisson3.json").read_text())["summary"]
 (here / "summary.json").write_text(json.dumps(summary, indent=1))
 
 fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
