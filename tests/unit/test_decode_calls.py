@@ -60,6 +60,68 @@ def test_a_decode_step_gives_the_general_paths_logits_bit_for_bit(tiny, weights_
     assert torch.equal(_decode_logits(lm, kv, context, general=False), fast)  # a second step: the bound lists kept
 
 
+def _copy_model(tiny, weights_dtype: str, monkeypatch):
+    """A model whose projections hold bf16 copies packed for csrc/bf16_amx.h (skips where the tiles are missing)."""
+    if not (qkernels.BF16_AMX and qkernels.bf16_amx_usable()):
+        pytest.skip("the bf16 copies multiply through our AMX kernel only on a CPU with AMX-BF16")
+    monkeypatch.setattr(qkernels, "BF16_COPY_FROM_ROWS", 16)  # load_model's prepack makes the copies
+    lm = load_model(tiny, weights_dtype=weights_dtype)
+    calls = decode_calls.decode_calls(lm.model)
+    assert calls is not None and calls.has_bf16_copy and len(calls.copies) == 4 * len(calls.layers)
+    return lm
+
+
+@pytest.mark.parametrize("cpp_loop", [True, False])
+@pytest.mark.parametrize("bf16_activations", [True, False])
+@pytest.mark.parametrize("weights_dtype", ["int4", "int8"])
+@pytest.mark.parametrize("batch", [15, 16, 17, 24])
+def test_a_step_of_the_copys_rows_gives_the_general_paths_logits_bit_for_bit(
+    tiny, weights_dtype, batch, bf16_activations, cpp_loop, monkeypatch
+):
+    """Either side of BF16_COPY_FROM_ROWS (16): 15 rows through the int8-activation kernel, 16+ through the bf16
+    copies (gate/up -> down in bf16 with BF16_ACTIVATIONS, else fp32), the same logits as the general path."""
+    monkeypatch.setattr(decode_calls, "CPP_LOOP", cpp_loop)
+    monkeypatch.setattr(qkernels, "BF16_ACTIVATIONS", bf16_activations)
+    lm = _copy_model(tiny, weights_dtype, monkeypatch)
+    kv = lm.model.make_kv_cache(4 * batch, BLOCK)
+    torch.manual_seed(0)
+    kv.data.normal_()
+    context = [20 + i for i in range(batch)]
+    amx_calls, runs, run = torch.ops.ferry_cpu.bf16_amx_calls(), [], decode_calls.run
+    monkeypatch.setattr(decode_calls, "run", lambda *a: runs.append(1) or run(*a))
+    fast = _decode_logits(lm, kv, context, general=False)
+    copy_calls = torch.ops.ferry_cpu.bf16_amx_calls() - amx_calls
+    assert runs == [1]  # the bound calls served the step
+    head = getattr(lm.model.lm_head, "bf16_copy", None) is not None  # lm_head's matmul, after the layers
+    assert copy_calls == ((4 * lm.config.num_layers + head) if batch >= 16 else 0)  # the copies multiplied, or not
+    general = _decode_logits(lm, kv, context, general=True)
+    assert runs == [1] and torch.equal(fast, general)
+    assert torch.equal(_decode_logits(lm, kv, context, general=False), fast)
+
+
+def test_a_step_of_the_copys_rows_differs_from_the_kernels(tiny, monkeypatch):
+    """The copy mode is really taken: the same 16 rows through the int8-activation kernel give other logits."""
+    lm = _copy_model(tiny, "int4", monkeypatch)
+    kv = lm.model.make_kv_cache(64, BLOCK)
+    torch.manual_seed(0)
+    kv.data.normal_()
+    context = [20 + i for i in range(16)]
+    copy = _decode_logits(lm, kv, context, general=False)
+    monkeypatch.setattr(qkernels, "BF16_COPY_FROM_ROWS", 17)
+    assert not torch.equal(copy, _decode_logits(lm, kv, context, general=False))
+
+
+def test_copy_steps_need_every_projections_amx_copy(tiny, monkeypatch):
+    """A projection without a copy (past FERRY_QUANT_BF16_COPY_MAX_MB) or with one packed for oneDNN: the general
+    path takes steps of the copy's rows; smaller steps keep the bound calls."""
+    lm = _copy_model(tiny, "int4", monkeypatch)
+    lm.model.model.layers[-1].mlp.down_proj.bf16_copy = None
+    calls = decode_calls.decode_calls(lm.model)
+    assert calls is not None and calls.copies == []
+    kv = lm.model.make_kv_cache(8, BLOCK)
+    assert calls.takes(15, kv) and not calls.takes(16, kv)
+
+
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("decode-calls") / "bench", "llama", "bench", seed=0)  # head_dim 64
@@ -105,6 +167,21 @@ def test_an_engine_generates_the_same_tokens_without_them(tiny, monkeypatch):
     monkeypatch.setattr(decode_calls, "run", lambda *a: calls.append(1) or run(*a))
     runs.append(_greedy(lm, prompts))
     assert calls  # the bound calls served the decode steps
+    monkeypatch.setattr(decode_calls, "decode_calls", lambda model: None)
+    lm.model._decode_calls = False
+    runs.append(_greedy(lm, prompts))
+    assert runs[0] == runs[1]
+
+
+def test_an_engine_of_the_copys_rows_generates_the_same_tokens_without_them(tiny, monkeypatch):
+    """18 sequences decoding together: the steps of 16+ rows go through the copies in the bound calls, the same
+    greedy tokens as the general path."""
+    lm = _copy_model(tiny, "int4", monkeypatch)
+    prompts = [[(5 * i + j) % lm.config.vocab_size for j in range(5 + i)] for i in range(18)]
+    runs, rows, run = [], [], decode_calls.run
+    monkeypatch.setattr(decode_calls, "run", lambda calls, x, *a: rows.append(x.shape[0]) or run(calls, x, *a))
+    runs.append(_greedy(lm, prompts))
+    assert max(rows) == 18  # the bound calls served the 18-row decode steps
     monkeypatch.setattr(decode_calls, "decode_calls", lambda model: None)
     lm.model._decode_calls = False
     runs.append(_greedy(lm, prompts))

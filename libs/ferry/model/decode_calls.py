@@ -12,9 +12,21 @@ Python. The ops and their order are exactly those of CausalLM._cpu_layers, so th
 (ops/bench/throughput/reports/20261205x-xeon-step-host): the step at batch 1 / 4 / 8 went from 15.5 / 21.6 /
 28.8 ms to 10.7 / 16.6 / 23.6 ms, of which ~10.2 / 16.4 / 23.7 ms (profiled) is now inside the kernels.
 
+Steps of BF16_COPY_FROM_ROWS+ rows (16+ on AMX by default), whose matmuls go through each QuantLinear's bf16 copy
+(ferry_cpu::bf16_amx_linear), run the same way with the copy variant of each matmul, picked per step (the row count
+decides, as in QuantLinear.forward): q/k/v and o_proj hand fp32 rows on, and with quant_linear.BF16_ACTIVATIONS
+gate/up -> SiLU-and-mul -> down stays bf16 as in GatedMLP.forward (else fp32), so those steps' logits are the general
+path's bit for bit too. They were ~48% of the SmolLM2 burst's engine time (126 steps of ~36 ms, ~8 ms of it host);
+measured in one call, alternating (ops/bench/throughput/reports/20261205x-xeon-step-host-large, 1 thread), the step at
+batch 16 / 32 / 48 went from 40.6 / 54.4 / 67.9 ms to 33.2 / 46.2 / 59.3 ms (profiled kernel time ~33 / 47 / 62 ms
+either way: what went is host time), and `ferry up` on the 48 burst from 475 / 492 to 527 / 548 output tok/s (two
+calls, +11%), 0.78 -> 0.86-0.87 of the in-process engine's.
+
 decode_calls() returns None, and the model keeps its general path, for anything else: float weights, biases,
-MoE/MLA layers, a backend other than 'cpu', or a kernel build that failed; takes() refuses batches that the
-bf16 copy or the bf16 matmul would multiply (16+ rows on AMX by default) and caches of other dtypes.
+MoE/MLA layers, a backend other than 'cpu', or a kernel build that failed; takes() refuses caches of other dtypes,
+batches that the per-call bf16 matmul would multiply (BF16_FROM_ROWS, 512+ rows on AMX, where there is no copy), and
+batches of BF16_COPY_FROM_ROWS+ rows unless every projection holds a copy packed for our AMX kernel (not one packed
+for oneDNN, FERRY_QUANT_BF16_AMX=0, nor a model past FERRY_QUANT_BF16_COPY_MAX_MB whose later layers hold none).
 """
 
 from __future__ import annotations
@@ -52,6 +64,9 @@ class LayerCalls:
     head_dim: int
     scale: float
     window: int
+    copies: tuple[torch.Tensor, ...] | None = None
+    """The bf16 copies (QuantLinear.bf16_copy, packed for csrc/bf16_amx.h: 6-D) of qkv, o, gate_up, down, where all
+    four hold one in that layout, else None."""
 
 
 CPP_LOOP = os.environ.get("FERRY_DECODE_CPP_LOOP", "1") != "0"
@@ -65,6 +80,9 @@ class DecodeCalls:
     layers: tuple[LayerCalls, ...]
     has_bf16_copy: bool
     """Some projection holds a bf16 copy (QuantLinear.bf16_copy), which multiplies BF16_COPY_FROM_ROWS+ rows."""
+    copies: list[torch.Tensor] = field(default_factory=list)
+    """Every layer's LayerCalls.copies in order (the C++ loop's copy list; 4 a layer), or [] unless every projection
+    holds an AMX-packed copy."""
     flat: dict = field(default_factory=dict)
     """flat_arguments' lists, made once per KV cache storage: {id of kv.data: (kv.data, tensors, ints, floats)}."""
 
@@ -72,10 +90,17 @@ class DecodeCalls:
         """Whether every projection multiplies num_rows rows through its dot_call (what QuantLinear.forward
         decides per call; the thresholds are read per step, as tests change them) and the cache takes the
         fused K/V write."""
-        copy_rows, bf16_rows = qkernels.BF16_COPY_FROM_ROWS, qkernels.BF16_FROM_ROWS
-        if self.has_bf16_copy and 0 < copy_rows <= num_rows:
+        if kv.dtype not in SUPPORTED_CACHE_DTYPES:
             return False
-        return not (bf16_rows and num_rows >= bf16_rows) and kv.dtype in SUPPORTED_CACHE_DTYPES
+        if self.copy_multiplies(num_rows):  # every projection's copy multiplies, or (some lack one) refused
+            return bool(self.copies)
+        bf16_rows = qkernels.BF16_FROM_ROWS
+        return not (bf16_rows and num_rows >= bf16_rows)
+
+    def copy_multiplies(self, num_rows: int) -> bool:
+        """Whether QuantLinear.forward multiplies num_rows fp32 rows through the bf16 copies (BF16_COPY_FROM_ROWS,
+        read per step)."""
+        return self.has_bf16_copy and 0 < qkernels.BF16_COPY_FROM_ROWS <= num_rows
 
 
 def _dot(linear: object) -> tuple | None:
@@ -107,9 +132,9 @@ def decode_calls(model: CausalLM) -> DecodeCalls | None:
             return None
         if any(w.dtype != torch.float32 for w, _ in norms):
             return None
-        has_copy = has_copy or any(
-            getattr(m, "bf16_copy", None) is not None for m in (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj)
-        )
+        held = [getattr(m, "bf16_copy", None) for m in (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj)]
+        has_copy = has_copy or any(c is not None for c in held)
+        amx = [c for c in held if c is not None and c.dim() == 6]  # packed for bf16_amx_linear, not oneDNN
         post = layer.post_attention_layernorm
         calls.append(
             LayerCalls(
@@ -125,9 +150,11 @@ def decode_calls(model: CausalLM) -> DecodeCalls | None:
                 head_dim=attn.head_dim,
                 scale=float(attn.scale),
                 window=int(attn.window or 0),
+                copies=tuple(amx) if len(amx) == 4 else None,
             )
         )
-    return DecodeCalls(norms[0], tuple(calls), has_copy)
+    copies = [t for c in calls for t in (c.copies or ())] if all(c.copies for c in calls) else []
+    return DecodeCalls(norms[0], tuple(calls), has_copy, copies)
 
 
 def flat_arguments(calls: DecodeCalls, kv: PagedKVCache) -> tuple[list[torch.Tensor], list[int], list[float]]:
@@ -169,10 +196,25 @@ def run(
     slots, tables, seq_lens = meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens
     cos, sin = cos.contiguous(), sin.contiguous()
     h = ops.rms_norm.default(x, *calls.first_norm)
+    # 0: the int8-activation kernel; 1: the bf16 copies, fp32 between them; 2: and gate/up -> down in bf16
+    copy_mode = (2 if qkernels.BF16_ACTIVATIONS else 1) if calls.copy_multiplies(rows) else 0
     if CPP_LOOP:
         return ops.decode_layers.default(
-            x, h, cos, sin, slots, tables, seq_lens, *flat_arguments(calls, kv), cpu_decode.BF16_DOT
+            x,
+            h,
+            cos,
+            sin,
+            slots,
+            tables,
+            seq_lens,
+            *flat_arguments(calls, kv),
+            cpu_decode.BF16_DOT,
+            calls.copies if copy_mode else [],
+            copy_mode,
+            qkernels.BF16_AMX_PREFETCH,
         )
+    if copy_mode:
+        return _copy_layers(calls, x, h, cos, sin, meta, kv, copy_mode == 2)
     for c in calls.layers:
         heads, kv_heads = c.heads, c.kv_heads
         qkv = c.qkv[0](h, *c.qkv[1]).view(rows, heads + 2 * kv_heads, c.head_dim)  # [B, H + 2 Hkv, D]
@@ -183,4 +225,43 @@ def run(
         out = attend(qkv[:, :heads], k_cache, v_cache, tables, seq_lens, c.scale, c.window, cpu_decode.BF16_DOT)
         h = add_rms_norm_(x, c.o[0](out.view(rows, -1), *c.o[1]), *c.post_norm)
         h = add_rms_norm_(x, c.down[0](silu_and_mul(c.gate_up[0](h, *c.gate_up[1])), *c.down[1]), *c.next_norm)
+    return h
+
+
+def _copy_layers(
+    calls: DecodeCalls,
+    x: torch.Tensor,
+    h: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    meta: AttentionMetadata,
+    kv: PagedKVCache,
+    bf16_mlp: bool,
+) -> torch.Tensor:
+    """run()'s Python loop for a step whose matmuls go through the bf16 copies (the ops of QuantLinear.forward's copy
+    branch and GatedMLP.forward's bf16 one)."""
+    ops = torch.ops.ferry_cpu
+    add_rms_norm_, rotary_, write_kv, attend, silu_and_mul, mm = (
+        ops.add_rms_norm_.default,
+        ops.rotary_.default,
+        ops.write_kv.default,
+        ops.paged_decode_attention.default,
+        ops.silu_and_mul.default,
+        ops.bf16_amx_linear.default,
+    )
+    rows, prefetch = x.shape[0], qkernels.BF16_AMX_PREFETCH
+    slots, tables, seq_lens = meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens
+    for c in calls.layers:
+        assert c.copies is not None  # takes() refuses the step otherwise
+        qkv_w, o_w, gate_up_w, down_w = c.copies
+        heads, kv_heads = c.heads, c.kv_heads
+        qkv = mm(h, qkv_w, c.qkv[1][5], False, prefetch).view(rows, heads + 2 * kv_heads, c.head_dim)
+        rotary_(qkv[:, : heads + kv_heads], cos, sin)
+        k_cache, v_cache = kv.layer(c.layer, 0), kv.layer(c.layer, 1)
+        write_kv(k_cache, slots, qkv[:, heads : heads + kv_heads])
+        write_kv(v_cache, slots, qkv[:, heads + kv_heads :])
+        out = attend(qkv[:, :heads], k_cache, v_cache, tables, seq_lens, c.scale, c.window, cpu_decode.BF16_DOT)
+        h = add_rms_norm_(x, mm(out.view(rows, -1), o_w, c.o[1][5], False, prefetch), *c.post_norm)
+        mid = silu_and_mul(mm(h, gate_up_w, c.gate_up[1][5], bf16_mlp, prefetch))
+        h = add_rms_norm_(x, mm(mid, down_w, c.down[1][5], False, prefetch), *c.next_norm)
     return h

@@ -8,6 +8,11 @@
 //
 // Each layer's inputs are flat slices of three lists: tensors (kTensors a layer), ints (kInts), floats (kFloats);
 // see decode_calls.py's flat_arguments for their order. bf16_dot: paged attention's (cpu_decode.BF16_DOT).
+//
+// copy_mode: 0, every matmul through the int8-activation kernel (quant_dot_linear); 1, through the bf16 copies
+// (bf16_amx_linear; copies: 4 a layer, qkv, o, gate_up, down), fp32 out; 2, as 1 but gate/up hands bf16 rows to
+// SiLU-and-mul and down (quant_linear.BF16_ACTIVATIONS). What QuantLinear.forward and GatedMLP.forward pick for a
+// step of BF16_COPY_FROM_ROWS+ rows; decode_calls.run picks it per step. prefetch: bf16_amx_linear's prefetch_bytes.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -29,7 +34,8 @@ c10::TypedOperatorHandle<Sig> find(const char* name) {
 using T = const at::Tensor&;
 
 at::Tensor decode_layers(T x, T h0, T cos, T sin, T slots, T tables, T seq_lens, at::TensorList tensors,
-                         at::IntArrayRef ints, at::ArrayRef<double> floats, bool bf16_dot) {
+                         at::IntArrayRef ints, at::ArrayRef<double> floats, bool bf16_dot, at::TensorList copies,
+                         int64_t copy_mode, int64_t prefetch) {
   static auto dot = find<at::Tensor(T, T, T, T, int64_t, int64_t, int64_t, int64_t, int64_t)>(
       "ferry_cpu::quant_dot_linear");
   static auto add_norm = find<at::Tensor(T, T, T, double)>("ferry_cpu::add_rms_norm_");
@@ -37,19 +43,25 @@ at::Tensor decode_layers(T x, T h0, T cos, T sin, T slots, T tables, T seq_lens,
   static auto write = find<void(T, T, T)>("ferry_cpu::write_kv");
   static auto attend = find<at::Tensor(T, T, T, T, T, double, int64_t, bool)>("ferry_cpu::paged_decode_attention");
   static auto silu = find<at::Tensor(T)>("ferry_cpu::silu_and_mul");
+  static auto copy_mm = find<at::Tensor(T, T, int64_t, bool, int64_t)>("ferry_cpu::bf16_amx_linear");
   const int64_t layers = static_cast<int64_t>(tensors.size()) / kTensors;
   TORCH_CHECK_VALUE(static_cast<int64_t>(tensors.size()) == layers * kTensors &&
                         static_cast<int64_t>(ints.size()) == layers * kInts &&
                         static_cast<int64_t>(floats.size()) == layers * kFloats,
                     "decode_layers: ", tensors.size(), " tensors, ", ints.size(), " ints, ", floats.size(),
                     " floats do not make whole layers");
+  TORCH_CHECK_VALUE(copy_mode >= 0 && copy_mode <= 2, "decode_layers: copy_mode ", copy_mode, " is not 0, 1 or 2");
+  TORCH_CHECK_VALUE(copy_mode == 0 || static_cast<int64_t>(copies.size()) == layers * 4, "decode_layers: ",
+                    copies.size(), " bf16 copies for ", layers, " layers (copy_mode ", copy_mode, ")");
   const int64_t rows = x.size(0);
   at::Tensor h = h0;
   for (int64_t l = 0; l < layers; ++l) {
     const at::Tensor* t = tensors.data() + l * kTensors;
     const int64_t* i = ints.data() + l * kInts;
     const double* f = floats.data() + l * kFloats;
-    auto linear = [&](T in, int p) {
+    const at::Tensor* c = copy_mode ? copies.data() + l * 4 : nullptr;
+    auto linear = [&](T in, int p, bool bf16_out = false) {
+      if (c != nullptr) return copy_mm.call(in, c[p], i[5 * p + 2], bf16_out, prefetch);
       return dot.call(in, t[3 * p], t[3 * p + 1], t[3 * p + 2], i[5 * p], i[5 * p + 1], i[5 * p + 2], i[5 * p + 3],
                       i[5 * p + 4]);
     };
@@ -60,7 +72,7 @@ at::Tensor decode_layers(T x, T h0, T cos, T sin, T slots, T tables, T seq_lens,
     write.call(t[15], slots, qkv.narrow(1, heads + kv_heads, kv_heads));
     const at::Tensor out = attend.call(qkv.narrow(1, 0, heads), t[14], t[15], tables, seq_lens, f[2], window, bf16_dot);
     h = add_norm.call(x, linear(out.view({rows, -1}), 1), t[12], f[0]);
-    h = add_norm.call(x, linear(silu.call(linear(h, 2)), 3), t[13], f[1]);
+    h = add_norm.call(x, linear(silu.call(linear(h, 2, copy_mode == 2)), 3), t[13], f[1]);
   }
   return h;
 }
@@ -70,6 +82,7 @@ at::Tensor decode_layers(T x, T h0, T cos, T sin, T slots, T tables, T seq_lens,
 TORCH_LIBRARY_FRAGMENT(ferry_cpu, m) {
   m.def(
       "decode_layers(Tensor(a!) x, Tensor h, Tensor cos, Tensor sin, Tensor slots, Tensor tables, Tensor seq_lens, "
-      "Tensor[] tensors, int[] ints, float[] floats, bool bf16_dot=False) -> Tensor",
+      "Tensor[] tensors, int[] ints, float[] floats, bool bf16_dot, Tensor[] copies, int copy_mode, int prefetch) "
+      "-> Tensor",
       &decode_layers);
 }
