@@ -224,6 +224,14 @@ inline void prefetch_row(const char* row, int64_t bytes) {
   for (int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(row + byte, 0, 2);
 }
 
+// The K and V rows of ahead[2 * a], ahead[2 * a + 1] for a in [from, to): a tile's prefetches, spread over a loop.
+inline void prefetch_pairs(const char* const* ahead, int64_t from, int64_t to, int64_t k_bytes, int64_t v_bytes) {
+  for (int64_t a = from; a < to; ++a) {
+    prefetch_row(ahead[2 * a], k_bytes);
+    prefetch_row(ahead[2 * a + 1], v_bytes);
+  }
+}
+
 // s[g][j] = q[g] . rows[j] over a tile for kQ query rows (each key row read once for all of them);
 // meanwhile prefetches the K and V rows in ahead[2 * j], ahead[2 * j + 1] for j < num_ahead, spread over
 // the loop rather than in one burst.
@@ -233,19 +241,13 @@ inline void score_rows(const float* const* q, const R* const* rows, int64_t n, i
   int64_t j = 0;
   if constexpr (kD > 0 && kD % kLanes == 0) {
     for (; j + 4 <= n; j += 4) {
-      for (int64_t a = j; a < std::min(j + 4, num_ahead); ++a) {
-        prefetch_row(ahead[2 * a], k_bytes);
-        prefetch_row(ahead[2 * a + 1], v_bytes);
-      }
+      prefetch_pairs(ahead, j, std::min(j + 4, num_ahead), k_bytes, v_bytes);
       float* out[kQ];
       for (int g = 0; g < kQ; ++g) out[g] = s[g] + j;
       dot4xq<kD, kQ, R>(q, rows + j, out);
     }
   }
-  for (int64_t a = j; a < num_ahead; ++a) {
-    prefetch_row(ahead[2 * a], k_bytes);
-    prefetch_row(ahead[2 * a + 1], v_bytes);
-  }
+  prefetch_pairs(ahead, j, num_ahead, k_bytes, v_bytes);
   for (; j < n; ++j)
     for (int g = 0; g < kQ; ++g) s[g][j] = dot<kD, R>(q[g], rows[j], dim);
 }

@@ -84,6 +84,11 @@ struct Scratch {  // one per worker thread, sized once
   Scratch(int64_t group, int64_t dim, int64_t dim_v)
       : q(group * dim), acc(group * dim_v), scores(group * kTile), max(group), sum(group), kbuf(kTile * dim),
         vbuf(kTile * dim_v), krows(kTile), vrows(kTile), ahead(2 * kTile), qb(group * dim), pb(group * kTile / 2) {}
+  void start_item() {  // an item's online-softmax state: nothing accumulated, running max -inf
+    std::fill(acc.begin(), acc.end(), 0.f);
+    std::fill(max.begin(), max.end(), -std::numeric_limits<float>::infinity());
+    std::fill(sum.begin(), sum.end(), 0.f);
+  }
 };
 
 struct Item {  // one (sequence, KV head) work item
@@ -119,6 +124,18 @@ int64_t rows_ahead(const Item* it, const CacheView<T>& k, const CacheView<T>& v,
     if (++off == bs) off = 0, ++blk;
   }
   return n;
+}
+
+// rows_ahead for the tile kAhead tiles after `tile` of it (num_tiles in all): past its last tile, the next
+// item's (`following`, may be null) first ones, so a new item does not start with cache misses.
+template <typename T>
+int64_t tile_ahead(const Item& it, const Item* following, int64_t tile, int64_t num_tiles, const CacheView<T>& k,
+                   const CacheView<T>& v, int64_t bs, const char** out) {
+  const int64_t target = tile + kAhead;
+  const Item* ahead_item = target < num_tiles ? &it : following;
+  const int64_t ahead_t0 = target < num_tiles ? it.first + target * kTile
+                                              : (following ? following->first + (target - num_tiles) * kTile : 0);
+  return rows_ahead(ahead_item, k, v, bs, ahead_t0, out);
 }
 
 // Online softmax over one tile for query row g: scores become weights against the new running max,
@@ -236,18 +253,11 @@ void attend(const Item& it, const Item* following, const CacheView<T>& k, const 
   // rows of R read as value / kWidenScale (fp8): the queries and the output take the factor back
   const float q_scale = scale * kWidenScale<R>;
   for (int64_t i = 0; i < group * dim; ++i) s.q[i] = it.q[i] * q_scale;
-  std::fill(s.acc.begin(), s.acc.end(), 0.f);
-  std::fill(s.max.begin(), s.max.end(), -std::numeric_limits<float>::infinity());
-  std::fill(s.sum.begin(), s.sum.end(), 0.f);
+  s.start_item();
   const int64_t num_tiles = (it.len - it.first + kTile - 1) / kTile;
   for (int64_t t0 = it.first, tile = 0; t0 < it.len; t0 += kTile, ++tile) {
     const int64_t n = std::min(kTile, it.len - t0);
-    // prefetch kAhead tiles ahead; past this item's last tile, the next item's first ones
-    const int64_t target = tile + kAhead;
-    const Item* ahead_item = target < num_tiles ? &it : following;
-    const int64_t ahead_t0 = target < num_tiles ? it.first + target * kTile
-                                                : (following ? following->first + (target - num_tiles) * kTile : 0);
-    const int64_t num_ahead = rows_ahead(ahead_item, k, v, bs, ahead_t0, s.ahead.data());
+    const int64_t num_ahead = tile_ahead(it, following, tile, num_tiles, k, v, bs, s.ahead.data());
     tile_rows(it, k, bs, t0, n, s.krows.data(), s.kbuf.data());
     tile_rows(it, v, bs, t0, n, s.vrows.data(), s.vbuf.data());
     // the group's query rows kMaxQueryRows at a time: each K and V row is read once per run of rows

@@ -66,18 +66,12 @@ inline void score_rows_bf16(const uint16_t* const* q, const bf16* const* rows, i
                             const char* const* ahead, int64_t num_ahead, int64_t k_bytes, int64_t v_bytes) {
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
-    for (int64_t a = j; a < std::min(j + 4, num_ahead); ++a) {
-      prefetch_row(ahead[2 * a], k_bytes);
-      prefetch_row(ahead[2 * a + 1], v_bytes);
-    }
+    prefetch_pairs(ahead, j, std::min(j + 4, num_ahead), k_bytes, v_bytes);
     float* out[kQ];
     for (int g = 0; g < kQ; ++g) out[g] = s[g] + j;
     dot4xq_bf16<kD, kQ>(q, rows + j, out);
   }
-  for (int64_t a = j; a < num_ahead; ++a) {
-    prefetch_row(ahead[2 * a], k_bytes);
-    prefetch_row(ahead[2 * a + 1], v_bytes);
-  }
+  prefetch_pairs(ahead, j, num_ahead, k_bytes, v_bytes);
   for (; j < n; ++j)
     for (int g = 0; g < kQ; ++g) s[g][j] = dot_bf16<kD>(q[g], rows[j]);
 }
@@ -159,17 +153,11 @@ void attend_bf16(const Item& it, const Item* following, const CacheView<c10::BFl
   static_assert(kD % 64 == 0);
   const int64_t row_bytes = kD * 2;
   for (int64_t i = 0; i < group * kD; ++i) s.qb[i] = to_bf16(it.q[i] * scale).bits;
-  std::fill(s.acc.begin(), s.acc.end(), 0.f);
-  std::fill(s.max.begin(), s.max.end(), -std::numeric_limits<float>::infinity());
-  std::fill(s.sum.begin(), s.sum.end(), 0.f);
+  s.start_item();
   const int64_t num_tiles = (it.len - it.first + kTile - 1) / kTile;
   for (int64_t t0 = it.first, tile = 0; t0 < it.len; t0 += kTile, ++tile) {
     const int64_t n = std::min(kTile, it.len - t0);
-    const int64_t target = tile + kAhead;
-    const Item* ahead_item = target < num_tiles ? &it : following;
-    const int64_t ahead_t0 = target < num_tiles ? it.first + target * kTile
-                                                : (following ? following->first + (target - num_tiles) * kTile : 0);
-    const int64_t num_ahead = rows_ahead(ahead_item, k, v, bs, ahead_t0, s.ahead.data());
+    const int64_t num_ahead = tile_ahead(it, following, tile, num_tiles, k, v, bs, s.ahead.data());
     tile_rows(it, k, bs, t0, n, s.krows.data(), s.kbuf.data());
     tile_rows(it, v, bs, t0, n, s.vrows.data(), s.vbuf.data());
     group_rows_bf16<kD>(s, group, n, s.ahead.data(), num_ahead, row_bytes, false);
