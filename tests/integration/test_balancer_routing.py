@@ -258,32 +258,8 @@ async def test_a_restarted_decode_worker_loses_its_session_affinity(nc, decode_b
     assert decode_balancer.affinity.leading("da", chain) == 0
 
 
-async def test_routed_work_says_how_many_submits_the_balancer_holds_behind_it(nc, js, prefill_balancer):
-    """A burst reaches the balancer faster than it routes (one submit at a time on its loop): each
-    PrefillWork carries the submits still queued behind it, so the worker's admission window knows more
-    of the burst is on its way before JetStream holds any of it (services/worker/window.py)."""
-    await publish_reports(nc, prefill_balancer, report("pr"))
-    send_prefetch = prefill_balancer.send_prefetch
-
-    async def held_first(worker_id, request_id, prefetch):  # the first routing waits until 3 more are queued
-        if request_id == "r0":
-            service = prefill_balancer.service
-            await wait_until(lambda: service.num_pending("submit") == 3, "3 submits queued behind r0", 10)
-        await send_prefetch(worker_id, request_id, prefetch)
-
-    prefill_balancer.send_prefetch = held_first
-    first = asyncio.create_task(submit(nc, 0))
-    await asyncio.sleep(0.1)  # r0 reaches the balancer first
-    replies = await asyncio.gather(first, *(submit(nc, i) for i in range(1, 4)))
-    assert all(r.accepted for r in replies)
-    work = await queued(js, "prefill", "pr", PrefillWork)
-    assert [(w.request.request_id, w.num_routing_behind) for w in work] == [("r0", 3), ("r1", 2), ("r2", 1), ("r3", 0)]
-
-
-async def test_with_two_workers_routed_work_counts_its_share_of_the_submits_behind_it(nc, js, prefill_balancer):
-    """Two routable workers split a burst: each PrefillWork counts half of the submits behind it, rounded up,
-    so an idle worker does not hold its first step for prompts routed to the other."""
-    await publish_reports(nc, prefill_balancer, report("pr"), report("ps"))
+async def route_a_burst_of_4_with_3_queued_behind_the_first(nc, prefill_balancer) -> None:
+    """Submits r0..r3, r0 first; r0's routing waits until r1..r3 are queued at the balancer behind it."""
     send_prefetch = prefill_balancer.send_prefetch
 
     async def held_first(worker_id, request_id, prefetch):
@@ -294,9 +270,26 @@ async def test_with_two_workers_routed_work_counts_its_share_of_the_submits_behi
 
     prefill_balancer.send_prefetch = held_first
     first = asyncio.create_task(submit(nc, 0))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # r0 reaches the balancer first
     replies = await asyncio.gather(first, *(submit(nc, i) for i in range(1, 4)))
     assert all(r.accepted for r in replies)
+
+
+async def test_routed_work_says_how_many_submits_the_balancer_holds_behind_it(nc, js, prefill_balancer):
+    """A burst reaches the balancer faster than it routes (one submit at a time on its loop): each
+    PrefillWork carries the submits still queued behind it, so the worker's admission window knows more
+    of the burst is on its way before JetStream holds any of it (services/worker/window.py)."""
+    await publish_reports(nc, prefill_balancer, report("pr"))
+    await route_a_burst_of_4_with_3_queued_behind_the_first(nc, prefill_balancer)
+    work = await queued(js, "prefill", "pr", PrefillWork)
+    assert [(w.request.request_id, w.num_routing_behind) for w in work] == [("r0", 3), ("r1", 2), ("r2", 1), ("r3", 0)]
+
+
+async def test_with_two_workers_routed_work_counts_its_share_of_the_submits_behind_it(nc, js, prefill_balancer):
+    """Two routable workers split a burst: each PrefillWork counts half of the submits behind it, rounded up,
+    so an idle worker does not hold its first step for prompts routed to the other."""
+    await publish_reports(nc, prefill_balancer, report("pr"), report("ps"))
+    await route_a_burst_of_4_with_3_queued_behind_the_first(nc, prefill_balancer)
     work = [w for worker in ("pr", "ps") for w in await queued(js, "prefill", worker, PrefillWork)]
     behind = sorted((w.request.request_id, w.num_routing_behind) for w in work)
     assert behind == [("r0", 2), ("r1", 1), ("r2", 1), ("r3", 0)]

@@ -27,9 +27,12 @@ def test_waits_while_a_pulled_prompt_is_not_on_the_engine_thread_yet():
     assert not window.should_hold(0.001, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET)
 
 
-def test_waits_for_what_jetstream_holds_behind_the_last_pull_while_there_is_room_to_pull_it():
+@pytest.mark.parametrize("num_pending,num_routing", [(5, 0), (0, 5)])
+def test_waits_for_what_is_behind_the_last_pull_while_there_is_room_to_pull_it(num_pending, num_routing):
+    """Behind the last pull: messages JetStream holds for this worker (num_pending), or, for a burst's first
+    message, submits the balancer still routes (its stamp, num_routing; JetStream holds none of them yet)."""
     window = AdmissionWindow(0.02)
-    window.pulled(["a"], num_pending=5)
+    window.pulled(["a"], num_pending=num_pending, num_routing=num_routing)
     window.queued("a")
     assert window.should_hold(0.0, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET)
     assert not window.should_hold(0.0, can_pull=False, num_queued_tokens=100, budget_tokens=BUDGET)
@@ -51,18 +54,6 @@ def test_off_at_zero_and_refuses_a_negative_window():
     assert not window.should_hold(0.0, can_pull=True, num_queued_tokens=0, budget_tokens=BUDGET)
     with pytest.raises(ValueError, match="window_s"):
         AdmissionWindow(-1.0)
-
-
-def test_waits_for_what_the_balancer_still_routes_behind_the_last_pull():
-    """The first message of a burst is pulled while the balancer still routes the rest: JetStream holds
-    none of them yet (num_pending 0), the balancer's stamp says how many it has behind it."""
-    window = AdmissionWindow(0.02)
-    window.pulled(["a"], num_pending=0, num_routing=5)
-    window.queued("a")
-    assert window.should_hold(0.0, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET)
-    assert not window.should_hold(0.0, can_pull=False, num_queued_tokens=100, budget_tokens=BUDGET)
-    window.pulled([], num_pending=0)  # the next fetch found nothing more
-    assert not window.should_hold(0.0, can_pull=True, num_queued_tokens=100, budget_tokens=BUDGET)
 
 
 def test_an_idle_engine_holds_its_first_step_past_the_window_and_a_full_budget_up_to_burst_s():
