@@ -213,55 +213,24 @@ def run(
             copy_mode,
             qkernels.BF16_AMX_PREFETCH,
         )
-    if copy_mode:
-        return _copy_layers(calls, x, h, cos, sin, meta, kv, copy_mode == 2)
-    for c in calls.layers:
-        heads, kv_heads = c.heads, c.kv_heads
-        qkv = c.qkv[0](h, *c.qkv[1]).view(rows, heads + 2 * kv_heads, c.head_dim)  # [B, H + 2 Hkv, D]
-        rotary_(qkv[:, : heads + kv_heads], cos, sin)
-        k_cache, v_cache = kv.layer(c.layer, 0), kv.layer(c.layer, 1)
-        write_kv(k_cache, slots, qkv[:, heads : heads + kv_heads])
-        write_kv(v_cache, slots, qkv[:, heads + kv_heads :])
-        out = attend(qkv[:, :heads], k_cache, v_cache, tables, seq_lens, c.scale, c.window, cpu_decode.BF16_DOT)
-        h = add_rms_norm_(x, c.o[0](out.view(rows, -1), *c.o[1]), *c.post_norm)
-        h = add_rms_norm_(x, c.down[0](silu_and_mul(c.gate_up[0](h, *c.gate_up[1])), *c.down[1]), *c.next_norm)
-    return h
+    mm, prefetch = ops.bf16_amx_linear.default, qkernels.BF16_AMX_PREFETCH
 
-
-def _copy_layers(
-    calls: DecodeCalls,
-    x: torch.Tensor,
-    h: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    meta: AttentionMetadata,
-    kv: PagedKVCache,
-    bf16_mlp: bool,
-) -> torch.Tensor:
-    """run()'s Python loop for a step whose matmuls go through the bf16 copies (the ops of QuantLinear.forward's copy
-    branch and GatedMLP.forward's bf16 one)."""
-    ops = torch.ops.ferry_cpu
-    add_rms_norm_, rotary_, write_kv, attend, silu_and_mul, mm = (
-        ops.add_rms_norm_.default,
-        ops.rotary_.default,
-        ops.write_kv.default,
-        ops.paged_decode_attention.default,
-        ops.silu_and_mul.default,
-        ops.bf16_amx_linear.default,
-    )
-    rows, prefetch = x.shape[0], qkernels.BF16_AMX_PREFETCH
-    slots, tables, seq_lens = meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens
-    for c in calls.layers:
+    def linear(c: LayerCalls, p: int, inp: torch.Tensor, bf16_out: bool = False) -> torch.Tensor:
+        """Projection p (qkv, o, gate_up, down) of layer c, as the C++ loop's `linear`."""
+        op, args = (c.qkv, c.o, c.gate_up, c.down)[p]
+        if not copy_mode:
+            return op(inp, *args)
         assert c.copies is not None  # takes() refuses the step otherwise
-        qkv_w, o_w, gate_up_w, down_w = c.copies
+        return mm(inp, c.copies[p], args[5], bf16_out, prefetch)
+
+    for c in calls.layers:
         heads, kv_heads = c.heads, c.kv_heads
-        qkv = mm(h, qkv_w, c.qkv[1][5], False, prefetch).view(rows, heads + 2 * kv_heads, c.head_dim)
+        qkv = linear(c, 0, h).view(rows, heads + 2 * kv_heads, c.head_dim)  # [B, H + 2 Hkv, D]
         rotary_(qkv[:, : heads + kv_heads], cos, sin)
         k_cache, v_cache = kv.layer(c.layer, 0), kv.layer(c.layer, 1)
         write_kv(k_cache, slots, qkv[:, heads : heads + kv_heads])
         write_kv(v_cache, slots, qkv[:, heads + kv_heads :])
         out = attend(qkv[:, :heads], k_cache, v_cache, tables, seq_lens, c.scale, c.window, cpu_decode.BF16_DOT)
-        h = add_rms_norm_(x, mm(out.view(rows, -1), o_w, c.o[1][5], False, prefetch), *c.post_norm)
-        mid = silu_and_mul(mm(h, gate_up_w, c.gate_up[1][5], bf16_mlp, prefetch))
-        h = add_rms_norm_(x, mm(mid, down_w, c.down[1][5], False, prefetch), *c.next_norm)
+        h = add_rms_norm_(x, linear(c, 1, out.view(rows, -1)), *c.post_norm)
+        h = add_rms_norm_(x, linear(c, 3, silu_and_mul(linear(c, 2, h, copy_mode == 2))), *c.next_norm)
     return h
