@@ -34,7 +34,14 @@ log = logging.getLogger(__name__)
 
 SOURCES = [
     Path(__file__).with_name("csrc") / name
-    for name in ("paged_decode.cpp", "cpu_layers.cpp", "quant_linear.cpp", "quant_dot.cpp", "decode_layers.cpp")
+    for name in (
+        "paged_decode.cpp",
+        "cpu_layers.cpp",
+        "quant_linear.cpp",
+        "quant_dot.cpp",
+        "decode_layers.cpp",
+        "prefill_attention.cpp",
+    )
 ]
 # included by SOURCES: part of the build's identity
 HEADERS = [
