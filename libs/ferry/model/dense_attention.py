@@ -19,6 +19,7 @@ from ferry.kernels import (
     rotary_,
     write_kv,
 )
+from ferry.kernels import cpu_prefill
 from ferry.kernels import quant_linear as qkernels
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
@@ -161,6 +162,8 @@ class GQAttention(nn.Module):
     ) -> torch.Tensor:
         """One prefilling sequence: q [L, H, D], k/v [L, Hkv, D] of its new tokens -> [L, H, D]."""
         if ctx == 0:  # the whole sequence is new: use this step's K/V directly
+            if self.backend == "cpu" and cpu_prefill.prefill_usable(q, k, v, self.window):
+                return cpu_prefill.prefill_attention(q, k, v, self.scale)
             return prefill_attention(q, k, v, 0, self.scale, self.window)
         fused = self.backend == "cpu" and q.shape[0] <= CHUNK_MAX_TOKENS and kernel_built()
         if fused:  # reads the cached context in place
