@@ -9,6 +9,7 @@ from ferry.kernels import (
     CHUNK_MATMUL_MAX_TOKENS,
     CHUNK_MAX_TOKENS,
     chunk_attention,
+    cpu_prefill,
     decode_plan,
     fused_chunk_attention,
     fused_paged_decode_attention,
@@ -19,7 +20,6 @@ from ferry.kernels import (
     rotary_,
     write_kv,
 )
-from ferry.kernels import cpu_prefill
 from ferry.kernels import quant_linear as qkernels
 from ferry.model.attention_meta import AttentionMetadata
 from ferry.model.config import ModelConfig
