@@ -1,6 +1,6 @@
 """Which dtype reaches whole-prompt attention in the SmolLM2 burst: counts the C++ kernel's calls by q dtype.
 
-    /work/tools/cpu-run python ops/bench/throughput/reports/20261205x-amd-prefill-attn/dtype_check.py
+/work/tools/cpu-run python ops/bench/throughput/reports/20261205x-amd-prefill-attn/dtype_check.py
 """
 
 import collections
