@@ -5,7 +5,8 @@ machine noise hits both alike. q/k/v are slices of one [L, 15, 64] projection ou
 (bf16: each converted once, as dense_attention does for a step's whole prompts). Median of `--rounds` rounds of
 `--calls` calls (30: one prompt's layers); GFLOP/s counts the causal half only (4 * H * D * L(L+1)/2).
 
-    /work/tools/cpu-bench python ops/bench/throughput/prefill_attn.py [--lengths 50,150,400,600] [--json OUT.json]
+    /work/tools/cpu-bench python ops/bench/throughput/prefill_attn.py [--lengths 50,150,400,600] [--threads 1]
+        [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -59,8 +60,11 @@ def main() -> None:
     p.add_argument("--dtypes", default="bfloat16,float32")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--calls", type=int, default=30)
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     assert cpu_prefill.prefill_usable(*inputs(4, torch.float32), None), "the C++ prefill kernel is not built"
     rows = []
     for name in args.dtypes.split(","):
