@@ -9,7 +9,8 @@ runs the fused C++ kernel (cpu_decode.py, compiled and cached on first use), and
 of up to CHUNK_MAX_TOKENS tokens on a cached context, unless it cannot be built; then (and always on the
 'torch' path, which FERRY_CPU_KERNELS=0 resolves to on the CPU) the plain-torch reference in
 attention_ref.py runs. Longer chunks on a cached context (a new turn on a conversation's history) take
-attention_ref.chunk_attention up to CHUNK_MATMUL_MAX_TOKENS tokens, then gather + SDPA.
+attention_ref.chunk_attention up to CHUNK_MATMUL_MAX_TOKENS tokens, then gather + SDPA. A whole new prompt
+takes the C++ prefill kernel (cpu_prefill.py) where it applies (no window, fp32/bf16), else SDPA.
 The same build holds the step's small fused ops (cpu_layers.py: RMSNorm, SiLU-and-mul, rotary, the
 K/V write, the greedy argmax), which fall back to plain torch the same way; write_kv exported here is
 that dispatching one.

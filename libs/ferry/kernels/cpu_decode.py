@@ -1,6 +1,7 @@
 """Fused paged decode attention on the CPU: the C++ kernel in csrc/paged_decode.cpp, built on first use
-together with the step's small fused ops (csrc/cpu_layers.cpp, wrapped by cpu_layers.py) and the
-quantized-weight matmul (csrc/quant_linear.cpp, wrapped by quant_linear.py).
+together with the step's small fused ops (csrc/cpu_layers.cpp, wrapped by cpu_layers.py), the
+quantized-weight matmul (csrc/quant_linear.cpp, wrapped by quant_linear.py) and whole-prompt prefill attention
+(csrc/prefill_attention.cpp, wrapped by cpu_prefill.py).
 
 The kernel reads each sequence's K/V blocks in place (attention_ref's path gathers them into a copy
 first, which cost more than the attention itself), so decode attention is one pass over the cache.
@@ -34,12 +35,19 @@ log = logging.getLogger(__name__)
 
 SOURCES = [
     Path(__file__).with_name("csrc") / name
-    for name in ("paged_decode.cpp", "cpu_layers.cpp", "quant_linear.cpp", "quant_dot.cpp", "decode_layers.cpp")
+    for name in (
+        "paged_decode.cpp",
+        "cpu_layers.cpp",
+        "quant_linear.cpp",
+        "quant_dot.cpp",
+        "decode_layers.cpp",
+        "prefill_attention.cpp",
+    )
 ]
 # included by SOURCES: part of the build's identity
 HEADERS = [
     Path(__file__).with_name("csrc") / name
-    for name in ("cpu_math.h", "quant_dot_amx.h", "bf16_amx.h", "paged_decode_bf16.h")
+    for name in ("cpu_math.h", "quant_dot_amx.h", "bf16_amx.h", "paged_decode_bf16.h", "prefill_attention_bf16.h")
 ]
 # reassociation (not -ffast-math: the online softmax relies on -inf) lets reductions use vector trees.
 # -fopenmp: at::parallel_for is a header template whose OpenMP team exists only when the extension itself

@@ -9,6 +9,7 @@ from ferry.kernels import (
     CHUNK_MATMUL_MAX_TOKENS,
     CHUNK_MAX_TOKENS,
     chunk_attention,
+    cpu_prefill,
     decode_plan,
     fused_chunk_attention,
     fused_paged_decode_attention,
@@ -161,6 +162,8 @@ class GQAttention(nn.Module):
     ) -> torch.Tensor:
         """One prefilling sequence: q [L, H, D], k/v [L, Hkv, D] of its new tokens -> [L, H, D]."""
         if ctx == 0:  # the whole sequence is new: use this step's K/V directly
+            if self.backend == "cpu" and cpu_prefill.prefill_usable(q, k, v, self.window):
+                return cpu_prefill.prefill_attention(q, k, v, self.scale)
             return prefill_attention(q, k, v, 0, self.scale, self.window)
         fused = self.backend == "cpu" and q.shape[0] <= CHUNK_MAX_TOKENS and kernel_built()
         if fused:  # reads the cached context in place
