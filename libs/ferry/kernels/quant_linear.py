@@ -231,6 +231,13 @@ def bf16_amx_usable() -> bool:
     return _dot_usable["bf16"]
 
 
+def bf16_dot_usable() -> bool:
+    """The C++ kernels were built with the AVX512_BF16 GEMM (csrc/bf16_dot.h) and this CPU runs it."""
+    if "bf16_dot" not in _dot_usable:
+        _dot_usable["bf16_dot"] = kernel_built() and bool(torch.ops.ferry_cpu.bf16_dot())
+    return _dot_usable["bf16_dot"]
+
+
 def pack_bf16_copy(weight: torch.Tensor) -> torch.Tensor | None:
     """A bf16 weight [N, K] packed once for bf16_copy_matmul: for our AMX kernel where BF16_AMX is on and the tiles
     are usable, else for oneDNN (ferry.model.cpu_linear.pack; None where torch has no oneDNN)."""
