@@ -204,9 +204,8 @@ def bf16_copy_matmul(
     to fp32 unless out_dtype is bf16)."""
     if copy.dim() == 6:
         n = out_features or copy.shape[0] * 32
-        return torch.ops.ferry_cpu.bf16_amx_linear.default(
-            x.contiguous(), copy, n, out_dtype == torch.bfloat16, BF16_AMX_PREFETCH
-        )
+        op, prefetch = copy_op()
+        return op(x.contiguous(), copy, n, out_dtype == torch.bfloat16, prefetch)
     rows = x.to(torch.bfloat16, memory_format=torch.contiguous_format)
     return torch.ops.mkldnn._linear_pointwise(rows, copy, None, "none", [], "").to(out_dtype)
 
@@ -238,10 +237,19 @@ def bf16_dot_usable() -> bool:
     return _dot_usable["bf16_dot"]
 
 
+def copy_op() -> tuple:
+    """(op, prefetch_bytes) that multiplies a copy packed by pack_bf16_amx: our AMX GEMM where the tiles are usable,
+    else our AVX512_BF16 GEMM (the same arguments and layout)."""
+    if bf16_amx_usable():
+        return torch.ops.ferry_cpu.bf16_amx_linear.default, BF16_AMX_PREFETCH
+    return torch.ops.ferry_cpu.bf16_dot_linear.default, BF16_DOT_PREFETCH
+
+
 def pack_bf16_copy(weight: torch.Tensor) -> torch.Tensor | None:
     """A bf16 weight [N, K] packed once for bf16_copy_matmul: for our AMX kernel where BF16_AMX is on and the tiles
-    are usable, else for oneDNN (ferry.model.cpu_linear.pack; None where torch has no oneDNN)."""
-    if BF16_AMX and bf16_amx_usable():
+    are usable, else for our AVX512_BF16 kernel where BF16_DOT_GEMM is on and the CPU has AVX512_BF16 (the same
+    layout), else for oneDNN (ferry.model.cpu_linear.pack; None where torch has no oneDNN)."""
+    if (BF16_AMX and bf16_amx_usable()) or (BF16_DOT_GEMM and not bf16_amx_usable() and bf16_dot_usable()):
         return pack_bf16_amx(weight)
     from ferry.model import cpu_linear
 
@@ -290,6 +298,26 @@ BF16_AMX_PREFETCH = 0
 """How far ahead of a thread's weight stream csrc/bf16_amx.h prefetches, in bytes (0: none, the hardware prefetchers
 alone). Software prefetch 2 KB or 8 KB ahead measured no better: within +-5% at 8-32 rows, 7-25% slower at 64-128
 rows (ops/bench/quant/20261205d-xeon-amx-bf16-kernel/first_sweep.txt)."""
+
+
+def _bf16_dot_gemm() -> bool:
+    return _switch("FERRY_QUANT_BF16_DOT_GEMM", "our AVX512_BF16 kernel", "oneDNN")
+
+
+BF16_DOT_GEMM = _bf16_dot_gemm()
+"""On a CPU with AVX512_BF16 but no AMX (AMD Zen 4/5), whether the bf16 weight copies (BF16_COPY_FROM_ROWS) are packed
+for our vdpbf16ps GEMM (csrc/bf16_dot.h; pack_bf16_amx's layout, so decode_calls binds them as on AMX) instead of
+oneDNN. FERRY_QUANT_BF16_DOT_GEMM=0, read once at import, packs them for oneDNN as before. Ours sums each output's
+pairs in one fp32 chain (bit for bit what torch does adding the products in that order; oneDNN's order is its own) and
+hands forward the fp32 sums (oneDNN rounded them to bf16). Measured: see BF16_COPY_FROM_ROWS."""
+
+
+BF16_DOT_PREFETCH = -1
+"""csrc/bf16_dot.h's prefetch_bytes: -1, 4 KB ahead of the weight stream where one pass of <= 12 rows covers a call,
+else the next column group's weights spread over the current group's passes (the memory fetches the next group while
+the later passes compute from L2). On a 2-core AMD EPYC, a whole SmolLM2 step's matmuls
+(ops/bench/throughput/reports/20261205x-amd-bf16-dot-gemm/first_sweep.txt): no prefetch 15.3 / 20.5 / 31.8 / 52.4 ms at
+8 / 16 / 32 / 64 rows; 4 KB ahead 11.7 / 21.7 / 33.5 / 51.8; the next group 19.8 / 18.3 / 24.4 / 43.6."""
 
 
 INT8_ACTIVATIONS = _switch("FERRY_QUANT_INT8_ACTIVATIONS", "int8 activations", "fp32")
