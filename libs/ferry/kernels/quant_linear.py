@@ -122,8 +122,21 @@ SmolLM2 step's matmuls at 2048 rows, ~200 ms of it the per-call dequantization; 
 per-call dequantization)."""
 
 
+def _switch(name: str, on: str, off: str) -> bool:
+    """An on/off environment setting, default on: '1' or '0', anything else refused by name."""
+    raw = os.environ.get(name, "1").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"{name}={raw!r}: must be 1 ({on}) or 0 ({off})")
+    return raw == "1"
+
+
+def _bf16_dot_gemm() -> bool:
+    return _switch("FERRY_QUANT_BF16_DOT_GEMM", "our AVX512_BF16 kernel", "oneDNN")
+
+
 def _bf16_copy_from_rows() -> int:
-    return _rows_setting("FERRY_QUANT_BF16_COPY_FROM_ROWS", 16, "keep no bf16 copy", with_avx512_bf16=64)
+    without_amx = 20 if _bf16_dot_gemm() else 64  # our AVX512_BF16 GEMM, else oneDNN's
+    return _rows_setting("FERRY_QUANT_BF16_COPY_FROM_ROWS", 16, "keep no bf16 copy", with_avx512_bf16=without_amx)
 
 
 BF16_COPY_FROM_ROWS = _bf16_copy_from_rows()
@@ -256,14 +269,6 @@ def pack_bf16_copy(weight: torch.Tensor) -> torch.Tensor | None:
     return cpu_linear.pack(weight)
 
 
-def _switch(name: str, on: str, off: str) -> bool:
-    """An on/off environment setting, default on: '1' or '0', anything else refused by name."""
-    raw = os.environ.get(name, "1").strip()
-    if raw not in ("0", "1"):
-        raise ValueError(f"{name}={raw!r}: must be 1 ({on}) or 0 ({off})")
-    return raw == "1"
-
-
 BF16_ACTIVATIONS = _switch("FERRY_QUANT_BF16_ACTIVATIONS", "stay in bf16 between copies", "fp32")
 """Where the bf16 copies multiply a call (BF16_COPY_FROM_ROWS rows or more: a prefill step), the activations that
 only go from one copy matmul to the next stay in bfloat16 instead of a round trip through fp32: gate/up -> SiLU-and-mul
@@ -298,10 +303,6 @@ BF16_AMX_PREFETCH = 0
 """How far ahead of a thread's weight stream csrc/bf16_amx.h prefetches, in bytes (0: none, the hardware prefetchers
 alone). Software prefetch 2 KB or 8 KB ahead measured no better: within +-5% at 8-32 rows, 7-25% slower at 64-128
 rows (ops/bench/quant/20261205d-xeon-amx-bf16-kernel/first_sweep.txt)."""
-
-
-def _bf16_dot_gemm() -> bool:
-    return _switch("FERRY_QUANT_BF16_DOT_GEMM", "our AVX512_BF16 kernel", "oneDNN")
 
 
 BF16_DOT_GEMM = _bf16_dot_gemm()
