@@ -27,7 +27,8 @@ decode_calls() returns None, and the model keeps its general path, for anything 
 MoE/MLA layers, a backend other than 'cpu', or a kernel build that failed; takes() refuses caches of other dtypes,
 batches that the per-call bf16 matmul would multiply (BF16_FROM_ROWS, 512+ rows on AMX, where there is no copy), and
 batches of BF16_COPY_FROM_ROWS+ rows unless every projection holds a copy packed for our kernels (not one packed
-for oneDNN, FERRY_QUANT_BF16_AMX=0 or FERRY_QUANT_BF16_DOT_GEMM=0, nor a model past FERRY_QUANT_BF16_COPY_MAX_MB whose later layers hold none).
+for oneDNN, FERRY_QUANT_BF16_AMX=0 or FERRY_QUANT_BF16_DOT_GEMM=0, nor a model past FERRY_QUANT_BF16_COPY_MAX_MB
+whose later layers hold none).
 """
 
 from __future__ import annotations
