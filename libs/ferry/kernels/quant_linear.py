@@ -135,7 +135,7 @@ def _bf16_dot_gemm() -> bool:
 
 
 def _bf16_copy_from_rows() -> int:
-    without_amx = 20 if _bf16_dot_gemm() else 64  # our AVX512_BF16 GEMM, else oneDNN's
+    without_amx = 24 if _bf16_dot_gemm() else 64  # our AVX512_BF16 GEMM, else oneDNN's
     return _rows_setting("FERRY_QUANT_BF16_COPY_FROM_ROWS", 16, "keep no bf16 copy", with_avx512_bf16=without_amx)
 
 
@@ -144,7 +144,7 @@ BF16_COPY_FROM_ROWS = _bf16_copy_from_rows()
 (QuantLinear.bf16_copy, made at prepack by pack_bf16_copy: for our AMX bf16 GEMM, csrc/bf16_amx.h, or with
 FERRY_QUANT_BF16_AMX=0 for oneDNN), and multiplies calls of this many rows or more with it (AMX tiles) instead of the
 int8-activation kernel or BF16_FROM_ROWS' per-call dequantization; shorter calls keep the kernel, bit for bit. 0: no
-copy. The copies together stay within BF16_COPY_MAX_BYTES. Default 16 on a CPU with AMX, 20 on one with AVX512_BF16 but
+copy. The copies together stay within BF16_COPY_MAX_BYTES. Default 16 on a CPU with AMX, 24 on one with AVX512_BF16 but
 no AMX (our vdpbf16ps GEMM, csrc/bf16_dot.h; 64 with FERRY_QUANT_BF16_DOT_GEMM=0, oneDNN's), else 0; read once at
 import. The cost is memory: 2 bytes per weight beside the codes' ~0.6
 (SmolLM2-135M: ~270 MB of bf16 copies beside ~70 MB of int4 codes). The model still holds and reports its quantized
@@ -160,7 +160,8 @@ from 64 (TTFT p50 2.0 -> 1.4 s): hence 64 there with oneDNN. Our AVX512_BF16 GEM
 (ops/bench/throughput/reports/20261205x-amd-bf16-dot-gemm/amx_rows.json), int4 VNNI vs ours vs oneDNN's copy: 12.5 vs
 16.1 vs 16.4 ms at 12 rows, 15.9 vs 18.0 vs 19.4 at 16, 22.7 vs 21.0 vs 25.2 at 24, 29.9 vs 24.7 vs 30.4 at 32, 57.4 vs
 44.1 vs 51.1 at 64, 492 vs 373 vs 372 at 512, 2097 vs 1517 vs 1504 at 2048: the crossover with int4 between 16 and 24
-rows, hence 20. Quality as BF16_FROM_ROWS: bf16 activations (SmolLM2 with every row in
+rows (a second sweep, wide_narrow_rows.json: 15.8 vs 18.4 at 16, 19.4 vs 19.9-20.9 at 20, 22.8 vs 20.9-23.0 at 24),
+hence 24. Quality as BF16_FROM_ROWS: bf16 activations (SmolLM2 with every row in
 bf16: 99.2% teacher-forced agreement with fp32, KL 0.00055), and a decode row in a batch of 16+ (64+ there) rows goes
 bf16 too."""
 

@@ -20,6 +20,11 @@
 // namespace; built where bf16_amx.h's conversions are (FERRY_BF16_ROWS_BUILT), elsewhere bf16_dot_usable() is false.
 
 constexpr int kDotMaxRows = 12;  // rows a pass: 24 accumulators + 2 weights + a broadcast of the 32 zmm
+// Row blocks of this many rows or more (prefill) run passes of 6 rows x two groups; shorter ones 12 rows x one group.
+// A whole SmolLM2 step's matmuls on a 2-core AMD EPYC (reports/20261205x-amd-bf16-dot-gemm/wide_narrow_rows.json),
+// two groups vs one: 86.6 vs 91.7 ms at 128 rows, 340 vs 363 at 512, 1495 vs 1581 at 2048; mixed at 16-64 rows
+// (19.1 vs 18.4 at 16, 20.9 vs 23.0 at 24, 26.4 vs 25.1 at 32, 46.1 vs 44.6 at 64).
+constexpr int64_t kDotWideFromRows = 128;
 
 #if defined(FERRY_BF16_ROWS_BUILT)
 
@@ -28,76 +33,103 @@ bool bf16_dot_usable() {
   return usable;
 }
 
-// One group's 32 columns for kRows rows starting at a (row stride lda elements); b at the group's first chunk;
-// out at the pass's first row and the group's first column (row stride n), cols of the 32 real.
-template <int kRows, typename T>
+// kGroups column groups' 32 columns each for kRows rows starting at a (row stride lda elements); b at the first
+// group's first chunk (the next group's follows, group_stride elements on); out at the pass's first row and the first
+// group's first column (row stride n); cols: real columns from there (up to 32 * kGroups).
+template <int kRows, int kGroups, typename T>
 inline void dot_pass(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t chunks, T* out, int64_t n,
                      int64_t cols, int64_t prefetch_bytes, int pass, int passes) {
-  __m512 acc[kRows][2];
-  for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  constexpr int kVecs = 2 * kGroups;
+  const int64_t group_stride = chunks * 2 * kBfTile;
+  __m512 acc[kRows][kVecs];
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
     const uint16_t* bc = b + c * 2 * kBfTile;
     const uint16_t* ac = a + c * kBfChunk;
     if (prefetch_bytes != 0) {  // this pass's share of the chunk's lines prefetch_bytes ahead
-      const char* ahead = reinterpret_cast<const char*>(bc) + prefetch_bytes;
-      for (int line = pass; line < 2 * kBfTile * 2 / 64; line += passes) _mm_prefetch(ahead + line * 64, _MM_HINT_T0);
+      for (int gi = 0; gi < kGroups; ++gi) {
+        const char* ahead = reinterpret_cast<const char*>(bc + gi * group_stride) + prefetch_bytes;
+        for (int line = pass; line < 2 * kBfTile * 2 / 64; line += passes) _mm_prefetch(ahead + line * 64, _MM_HINT_T0);
+      }
     }
 #pragma GCC unroll 4
     for (int p = 0; p < 16; ++p) {
-      const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(bc + p * 32));
-      const __m512bh w1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(bc + kBfTile + p * 32));
+      __m512bh wv[kVecs];
+      for (int v = 0; v < kVecs; ++v)
+        wv[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(bc + (v / 2) * group_stride + (v % 2) * kBfTile + p * 32));
       for (int r = 0; r < kRows; ++r) {
         int32_t pair;
         std::memcpy(&pair, ac + r * lda + 2 * p, 4);
         const __m512bh xr = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
-        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xr, w0);
-        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xr, w1);
+        for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xr, wv[v]);
       }
     }
   }
-  const __mmask16 m0 = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
+  __mmask16 masks[kVecs];
+  for (int v = 0; v < kVecs; ++v) {
+    const int64_t left = cols - 16 * v;
+    masks[v] = left >= 16 ? 0xffff : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1);
+  }
   for (int r = 0; r < kRows; ++r) {
     T* dst = out + r * n;
-    if constexpr (std::is_same_v<T, float>) {
-      _mm512_mask_storeu_ps(dst, m0, acc[r][0]);
-      _mm512_mask_storeu_ps(dst + 16, m1, acc[r][1]);
-    } else {
-      _mm256_mask_storeu_epi16(dst, m0, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc[r][0])));
-      _mm256_mask_storeu_epi16(dst + 16, m1, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc[r][1])));
+    for (int v = 0; v < kVecs; ++v) {
+      if constexpr (std::is_same_v<T, float>) {
+        _mm512_mask_storeu_ps(dst + 16 * v, masks[v], acc[r][v]);
+      } else {
+        _mm256_mask_storeu_epi16(dst + 16 * v, masks[v], reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc[r][v])));
+      }
     }
   }
 }
 
-template <typename T, int kRows = kDotMaxRows>
+template <typename T, int kGroups, int kRows>
 inline void dot_pass_rows(int rows, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t chunks, T* out,
                           int64_t n, int64_t cols, int64_t prefetch_bytes, int pass, int passes) {
   if constexpr (kRows > 1) {
     if (rows < kRows)
-      return dot_pass_rows<T, kRows - 1>(rows, a, lda, b, chunks, out, n, cols, prefetch_bytes, pass, passes);
+      return dot_pass_rows<T, kGroups, kRows - 1>(rows, a, lda, b, chunks, out, n, cols, prefetch_bytes, pass,
+                                                  passes);
   }
-  dot_pass<kRows>(a, lda, b, chunks, out, n, cols, prefetch_bytes, pass, passes);
+  dot_pass<kRows, kGroups>(a, lda, b, chunks, out, n, cols, prefetch_bytes, pass, passes);
 }
 
-// Column groups [begin, end), every row: per row block, per group, passes of up to kDotMaxRows rows, the block's
-// rows split evenly over its passes (16 rows: 2 x 8, not 12 + 4).
+// Groups [g, g + kGroups), the row block [block, block + block_rows): passes of up to kMaxRows rows, the rows split
+// evenly over the passes (16 rows: 2 x 8, not 12 + 4).
+template <typename T, int kGroups, int kMaxRows>
+inline void dot_block(const uint16_t* a, int64_t lda, const uint16_t* w, int64_t chunks, T* out, int64_t n, int64_t g,
+                      int64_t block, int64_t block_rows, int64_t prefetch_bytes) {
+  const int64_t passes = (block_rows + kMaxRows - 1) / kMaxRows;
+  // -1: where one pass covers the rows, 4 KB ahead of the stream; where several do, the next groups' bytes, spread
+  // over the passes, so the memory fetches the next groups while the later passes compute from L2
+  const int64_t group_bytes = chunks * 2 * kBfTile * 2;
+  const int64_t ahead = prefetch_bytes >= 0 ? prefetch_bytes : passes == 1 ? 4096 : kGroups * group_bytes;
+  const uint16_t* b = w + g * chunks * 2 * kBfTile;
+  const int64_t col = g * kBfGroup, cols = std::min<int64_t>(kGroups * kBfGroup, n - col);
+  for (int64_t pass = 0, row0 = block; pass < passes; ++pass) {
+    const int64_t rows = (block_rows - (row0 - block) + (passes - pass) - 1) / (passes - pass);
+    dot_pass_rows<T, kGroups, kMaxRows>(static_cast<int>(rows), a + row0 * lda, lda, b, chunks, out + row0 * n + col,
+                                        n, cols, ahead, static_cast<int>(pass), static_cast<int>(passes));
+    row0 += rows;
+  }
+}
+
+// Column groups [begin, end), every row: per row block, per group (or, in blocks of kDotWideFromRows+ rows, per two
+// groups: 6 rows x 64 columns a pass, 4 weight loads and 6 broadcasts per 24 products against 12 and 2 x 12),
+// passes over the block's rows.
 template <typename T>
 void dot_groups(const uint16_t* a, int64_t lda, int64_t m_rows, const uint16_t* w, int64_t chunks, T* out,
                 int64_t n, int64_t begin, int64_t end, int64_t prefetch_bytes) {
   for (int64_t block = 0; block < m_rows; block += kBfRowBlock) {
     const int64_t block_rows = std::min(m_rows - block, kBfRowBlock);
-    const int64_t passes = (block_rows + kDotMaxRows - 1) / kDotMaxRows;
-    // -1: where one pass covers the rows, 4 KB ahead of the stream; where several do, the next group's bytes, spread
-    // over the passes, so the memory fetches the next group while the later passes compute from L2
-    const int64_t ahead = prefetch_bytes >= 0 ? prefetch_bytes : passes == 1 ? 4096 : chunks * 2 * kBfTile * 2;
-    for (int64_t g = begin; g < end; ++g) {
-      const uint16_t* b = w + g * chunks * 2 * kBfTile;
-      const int64_t col = g * kBfGroup, cols = std::min<int64_t>(kBfGroup, n - col);
-      for (int64_t pass = 0, row0 = block; pass < passes; ++pass) {
-        const int64_t rows = (block_rows - (row0 - block) + (passes - pass) - 1) / (passes - pass);
-        dot_pass_rows<T>(static_cast<int>(rows), a + row0 * lda, lda, b, chunks, out + row0 * n + col, n, cols, ahead,
-                         static_cast<int>(pass), static_cast<int>(passes));
-        row0 += rows;
+    const bool wide = block_rows >= kDotWideFromRows;
+    for (int64_t g = begin; g < end;) {
+      if (wide && g + 1 < end) {
+        dot_block<T, 2, 6>(a, lda, w, chunks, out, n, g, block, block_rows, prefetch_bytes);
+        g += 2;
+      } else {
+        dot_block<T, 1, kDotMaxRows>(a, lda, w, chunks, out, n, g, block, block_rows, prefetch_bytes);
+        g += 1;
       }
     }
   }
