@@ -14,7 +14,8 @@ The CPU has two kernels, and a weight is packed once at load (pack_cpu) for the 
 On a CPU with AMX (FERRY_QUANT_BF16_FROM_ROWS to change), a call of 512 rows or more (a prefill step)
 instead dequantizes the weight to bfloat16 for that call and multiplies in bfloat16 through torch (oneDNN's
 AMX tiles); see BF16_FROM_ROWS. Calls of BF16_COPY_FROM_ROWS rows or more multiply a bf16 copy of the weight kept
-at load instead, with our AMX bf16 GEMM (csrc/bf16_amx.h; BF16_AMX).
+at load instead, with our AMX bf16 GEMM (csrc/bf16_amx.h; BF16_AMX), or on a CPU with AVX512_BF16 but no AMX with our
+vdpbf16ps GEMM over the same packed copy (csrc/bf16_dot.h; BF16_DOT_GEMM).
 """
 
 from __future__ import annotations
@@ -141,8 +142,9 @@ def _bf16_copy_from_rows() -> int:
 
 BF16_COPY_FROM_ROWS = _bf16_copy_from_rows()
 """Where > 0, every CPU QuantLinear keeps, beside its codes, a bfloat16 copy of its dequantized weight packed once
-(QuantLinear.bf16_copy, made at prepack by pack_bf16_copy: for our AMX bf16 GEMM, csrc/bf16_amx.h, or with
-FERRY_QUANT_BF16_AMX=0 for oneDNN), and multiplies calls of this many rows or more with it (AMX tiles) instead of the
+(QuantLinear.bf16_copy, made at prepack by pack_bf16_copy: for our AMX bf16 GEMM, csrc/bf16_amx.h, or without AMX
+our AVX512_BF16 GEMM, csrc/bf16_dot.h, the same layout; with FERRY_QUANT_BF16_AMX=0 / FERRY_QUANT_BF16_DOT_GEMM=0 for
+oneDNN), and multiplies calls of this many rows or more with it (AMX tiles or vdpbf16ps) instead of the
 int8-activation kernel or BF16_FROM_ROWS' per-call dequantization; shorter calls keep the kernel, bit for bit. 0: no
 copy. The copies together stay within BF16_COPY_MAX_BYTES. Default 16 on a CPU with AMX, 24 on one with AVX512_BF16 but
 no AMX (our vdpbf16ps GEMM, csrc/bf16_dot.h; 64 with FERRY_QUANT_BF16_DOT_GEMM=0, oneDNN's), else 0; read once at
