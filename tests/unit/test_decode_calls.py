@@ -61,9 +61,11 @@ def test_a_decode_step_gives_the_general_paths_logits_bit_for_bit(tiny, weights_
 
 
 def _copy_model(tiny, weights_dtype: str, monkeypatch):
-    """A model whose projections hold bf16 copies packed for csrc/bf16_amx.h (skips where the tiles are missing)."""
-    if not (qkernels.BF16_AMX and qkernels.bf16_amx_usable()):
-        pytest.skip("the bf16 copies multiply through our AMX kernel only on a CPU with AMX-BF16")
+    """A model whose projections hold bf16 copies packed for our kernels (csrc/bf16_amx.h, or csrc/bf16_dot.h without
+    AMX; skips where neither runs)."""
+    amx = qkernels.BF16_AMX and qkernels.bf16_amx_usable()
+    if not (amx or (qkernels.BF16_DOT_GEMM and qkernels.bf16_dot_usable())):
+        pytest.skip("the bf16 copies multiply through our kernels only on a CPU with AMX-BF16 or AVX512_BF16")
     monkeypatch.setattr(qkernels, "BF16_COPY_FROM_ROWS", 16)  # load_model's prepack makes the copies
     lm = load_model(tiny, weights_dtype=weights_dtype)
     calls = decode_calls.decode_calls(lm.model)
@@ -87,10 +89,12 @@ def test_a_step_of_the_copys_rows_gives_the_general_paths_logits_bit_for_bit(
     torch.manual_seed(0)
     kv.data.normal_()
     context = [20 + i for i in range(batch)]
-    amx_calls, runs, run = torch.ops.ferry_cpu.bf16_amx_calls(), [], decode_calls.run
+    ops = torch.ops.ferry_cpu
+    counter = ops.bf16_amx_calls if qkernels.bf16_amx_usable() else ops.bf16_dot_calls  # quant_linear.copy_op's
+    before, runs, run = counter(), [], decode_calls.run
     monkeypatch.setattr(decode_calls, "run", lambda *a: runs.append(1) or run(*a))
     fast = _decode_logits(lm, kv, context, general=False)
-    copy_calls = torch.ops.ferry_cpu.bf16_amx_calls() - amx_calls
+    copy_calls = counter() - before
     assert runs == [1]  # the bound calls served the step
     head = getattr(lm.model.lm_head, "bf16_copy", None) is not None  # lm_head's matmul, after the layers
     assert copy_calls == ((4 * lm.config.num_layers + head) if batch >= 16 else 0)  # the copies multiplied, or not

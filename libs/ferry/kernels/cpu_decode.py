@@ -47,7 +47,14 @@ SOURCES = [
 # included by SOURCES: part of the build's identity
 HEADERS = [
     Path(__file__).with_name("csrc") / name
-    for name in ("cpu_math.h", "quant_dot_amx.h", "bf16_amx.h", "paged_decode_bf16.h", "prefill_attention_bf16.h")
+    for name in (
+        "cpu_math.h",
+        "quant_dot_amx.h",
+        "bf16_amx.h",
+        "bf16_dot.h",
+        "paged_decode_bf16.h",
+        "prefill_attention_bf16.h",
+    )
 ]
 # reassociation (not -ffast-math: the online softmax relies on -inf) lets reductions use vector trees.
 # -fopenmp: at::parallel_for is a header template whose OpenMP team exists only when the extension itself

@@ -14,7 +14,8 @@ The CPU has two kernels, and a weight is packed once at load (pack_cpu) for the 
 On a CPU with AMX (FERRY_QUANT_BF16_FROM_ROWS to change), a call of 512 rows or more (a prefill step)
 instead dequantizes the weight to bfloat16 for that call and multiplies in bfloat16 through torch (oneDNN's
 AMX tiles); see BF16_FROM_ROWS. Calls of BF16_COPY_FROM_ROWS rows or more multiply a bf16 copy of the weight kept
-at load instead, with our AMX bf16 GEMM (csrc/bf16_amx.h; BF16_AMX).
+at load instead, with our AMX bf16 GEMM (csrc/bf16_amx.h; BF16_AMX), or on a CPU with AVX512_BF16 but no AMX with our
+vdpbf16ps GEMM over the same packed copy (csrc/bf16_dot.h; BF16_DOT_GEMM).
 """
 
 from __future__ import annotations
@@ -122,17 +123,32 @@ SmolLM2 step's matmuls at 2048 rows, ~200 ms of it the per-call dequantization; 
 per-call dequantization)."""
 
 
+def _switch(name: str, on: str, off: str) -> bool:
+    """An on/off environment setting, default on: '1' or '0', anything else refused by name."""
+    raw = os.environ.get(name, "1").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"{name}={raw!r}: must be 1 ({on}) or 0 ({off})")
+    return raw == "1"
+
+
+def _bf16_dot_gemm() -> bool:
+    return _switch("FERRY_QUANT_BF16_DOT_GEMM", "our AVX512_BF16 kernel", "oneDNN")
+
+
 def _bf16_copy_from_rows() -> int:
-    return _rows_setting("FERRY_QUANT_BF16_COPY_FROM_ROWS", 16, "keep no bf16 copy", with_avx512_bf16=64)
+    without_amx = 24 if _bf16_dot_gemm() else 64  # our AVX512_BF16 GEMM, else oneDNN's
+    return _rows_setting("FERRY_QUANT_BF16_COPY_FROM_ROWS", 16, "keep no bf16 copy", with_avx512_bf16=without_amx)
 
 
 BF16_COPY_FROM_ROWS = _bf16_copy_from_rows()
 """Where > 0, every CPU QuantLinear keeps, beside its codes, a bfloat16 copy of its dequantized weight packed once
-(QuantLinear.bf16_copy, made at prepack by pack_bf16_copy: for our AMX bf16 GEMM, csrc/bf16_amx.h, or with
-FERRY_QUANT_BF16_AMX=0 for oneDNN), and multiplies calls of this many rows or more with it (AMX tiles) instead of the
+(QuantLinear.bf16_copy, made at prepack by pack_bf16_copy: for our AMX bf16 GEMM, csrc/bf16_amx.h, or without AMX
+our AVX512_BF16 GEMM, csrc/bf16_dot.h, the same layout; with FERRY_QUANT_BF16_AMX=0 / FERRY_QUANT_BF16_DOT_GEMM=0 for
+oneDNN), and multiplies calls of this many rows or more with it (AMX tiles or vdpbf16ps) instead of the
 int8-activation kernel or BF16_FROM_ROWS' per-call dequantization; shorter calls keep the kernel, bit for bit. 0: no
-copy. The copies together stay within BF16_COPY_MAX_BYTES. Default 16 on a CPU with AMX, 64 on one with AVX512_BF16 but
-no AMX (oneDNN's bf16 GEMM), else 0; read once at import. The cost is memory: 2 bytes per weight beside the codes' ~0.6
+copy. The copies together stay within BF16_COPY_MAX_BYTES. Default 16 on a CPU with AMX, 24 on one with AVX512_BF16 but
+no AMX (our vdpbf16ps GEMM, csrc/bf16_dot.h; 64 with FERRY_QUANT_BF16_DOT_GEMM=0, oneDNN's), else 0; read once at
+import. The cost is memory: 2 bytes per weight beside the codes' ~0.6
 (SmolLM2-135M: ~270 MB of bf16 copies beside ~70 MB of int4 codes). The model still holds and reports its quantized
 weights (/v1/models says int4); the copy is the same values rounded to bf16, a cache for the matmul. On a 2-core Xeon
 with AMX, a whole SmolLM2 step's matmuls with the weights streamed from memory
@@ -142,7 +158,12 @@ vs 17.8 at 64 (the copy through oneDNN: 17.4 ms at 16, 24.8 at 64): hence 16 (24
 a 2-core AMD EPYC without AMX (ops/bench/quant/20261205e-amd-bf16-copy- rows), the int4 kernel's VNNI loop vs the copy
 through oneDNN: 8.8 vs 15.1 ms at 8 rows, 16.1 vs 19.6 at 16, 29.7 vs 30.0 at 32, 57.5 vs 50.6 at 64, 114 vs 90 at 128,
 2112 vs 1581 at 2048; a SmolLM2 engine burst (steps.py) 278-293 output tok/s without a copy, 332 from 16 rows, 339-343
-from 64 (TTFT p50 2.0 -> 1.4 s): hence 64 there. Quality as BF16_FROM_ROWS: bf16 activations (SmolLM2 with every row in
+from 64 (TTFT p50 2.0 -> 1.4 s): hence 64 there with oneDNN. Our AVX512_BF16 GEMM on the same box
+(ops/bench/throughput/reports/20261205x-amd-bf16-dot-gemm/amx_rows.json), int4 VNNI vs ours vs oneDNN's copy: 12.5 vs
+16.1 vs 16.4 ms at 12 rows, 15.9 vs 18.0 vs 19.4 at 16, 22.7 vs 21.0 vs 25.2 at 24, 29.9 vs 24.7 vs 30.4 at 32, 57.4 vs
+44.1 vs 51.1 at 64, 492 vs 373 vs 372 at 512, 2097 vs 1517 vs 1504 at 2048: the crossover with int4 between 16 and 24
+rows (a second sweep, wide_narrow_rows.json: 15.8 vs 18.4 at 16, 19.4 vs 19.9-20.9 at 20, 22.8 vs 20.9-23.0 at 24),
+hence 24. Quality as BF16_FROM_ROWS: bf16 activations (SmolLM2 with every row in
 bf16: 99.2% teacher-forced agreement with fp32, KL 0.00055), and a decode row in a batch of 16+ (64+ there) rows goes
 bf16 too."""
 
@@ -204,9 +225,8 @@ def bf16_copy_matmul(
     to fp32 unless out_dtype is bf16)."""
     if copy.dim() == 6:
         n = out_features or copy.shape[0] * 32
-        return torch.ops.ferry_cpu.bf16_amx_linear.default(
-            x.contiguous(), copy, n, out_dtype == torch.bfloat16, BF16_AMX_PREFETCH
-        )
+        op, prefetch = copy_op()
+        return op(x.contiguous(), copy, n, out_dtype == torch.bfloat16, prefetch)
     rows = x.to(torch.bfloat16, memory_format=torch.contiguous_format)
     return torch.ops.mkldnn._linear_pointwise(rows, copy, None, "none", [], "").to(out_dtype)
 
@@ -231,22 +251,30 @@ def bf16_amx_usable() -> bool:
     return _dot_usable["bf16"]
 
 
+def bf16_dot_usable() -> bool:
+    """The C++ kernels were built with the AVX512_BF16 GEMM (csrc/bf16_dot.h) and this CPU runs it."""
+    if "bf16_dot" not in _dot_usable:
+        _dot_usable["bf16_dot"] = kernel_built() and bool(torch.ops.ferry_cpu.bf16_dot())
+    return _dot_usable["bf16_dot"]
+
+
+def copy_op() -> tuple:
+    """(op, prefetch_bytes) that multiplies a copy packed by pack_bf16_amx: our AMX GEMM where the tiles are usable,
+    else our AVX512_BF16 GEMM (the same arguments and layout)."""
+    if bf16_amx_usable():
+        return torch.ops.ferry_cpu.bf16_amx_linear.default, BF16_AMX_PREFETCH
+    return torch.ops.ferry_cpu.bf16_dot_linear.default, BF16_DOT_PREFETCH
+
+
 def pack_bf16_copy(weight: torch.Tensor) -> torch.Tensor | None:
     """A bf16 weight [N, K] packed once for bf16_copy_matmul: for our AMX kernel where BF16_AMX is on and the tiles
-    are usable, else for oneDNN (ferry.model.cpu_linear.pack; None where torch has no oneDNN)."""
-    if BF16_AMX and bf16_amx_usable():
+    are usable, else for our AVX512_BF16 kernel where BF16_DOT_GEMM is on and the CPU has AVX512_BF16 (the same
+    layout), else for oneDNN (ferry.model.cpu_linear.pack; None where torch has no oneDNN)."""
+    if (BF16_AMX and bf16_amx_usable()) or (BF16_DOT_GEMM and not bf16_amx_usable() and bf16_dot_usable()):
         return pack_bf16_amx(weight)
     from ferry.model import cpu_linear
 
     return cpu_linear.pack(weight)
-
-
-def _switch(name: str, on: str, off: str) -> bool:
-    """An on/off environment setting, default on: '1' or '0', anything else refused by name."""
-    raw = os.environ.get(name, "1").strip()
-    if raw not in ("0", "1"):
-        raise ValueError(f"{name}={raw!r}: must be 1 ({on}) or 0 ({off})")
-    return raw == "1"
 
 
 BF16_ACTIVATIONS = _switch("FERRY_QUANT_BF16_ACTIVATIONS", "stay in bf16 between copies", "fp32")
@@ -283,6 +311,22 @@ BF16_AMX_PREFETCH = 0
 """How far ahead of a thread's weight stream csrc/bf16_amx.h prefetches, in bytes (0: none, the hardware prefetchers
 alone). Software prefetch 2 KB or 8 KB ahead measured no better: within +-5% at 8-32 rows, 7-25% slower at 64-128
 rows (ops/bench/quant/20261205d-xeon-amx-bf16-kernel/first_sweep.txt)."""
+
+
+BF16_DOT_GEMM = _bf16_dot_gemm()
+"""On a CPU with AVX512_BF16 but no AMX (AMD Zen 4/5), whether the bf16 weight copies (BF16_COPY_FROM_ROWS) are packed
+for our vdpbf16ps GEMM (csrc/bf16_dot.h; pack_bf16_amx's layout, so decode_calls binds them as on AMX) instead of
+oneDNN. FERRY_QUANT_BF16_DOT_GEMM=0, read once at import, packs them for oneDNN as before. Ours sums each output's
+pairs in one fp32 chain (bit for bit what torch does adding the products in that order; oneDNN's order is its own) and
+hands forward the fp32 sums (oneDNN rounded them to bf16). Measured: see BF16_COPY_FROM_ROWS."""
+
+
+BF16_DOT_PREFETCH = -1
+"""csrc/bf16_dot.h's prefetch_bytes: -1, 4 KB ahead of the weight stream where one pass of <= 12 rows covers a call,
+else the next column group's weights spread over the current group's passes (the memory fetches the next group while
+the later passes compute from L2). On a 2-core AMD EPYC, a whole SmolLM2 step's matmuls
+(ops/bench/throughput/reports/20261205x-amd-bf16-dot-gemm/first_sweep.txt): no prefetch 15.3 / 20.5 / 31.8 / 52.4 ms at
+8 / 16 / 32 / 64 rows; 4 KB ahead 11.7 / 21.7 / 33.5 / 51.8; the next group 19.8 / 18.3 / 24.4 / 43.6."""
 
 
 INT8_ACTIVATIONS = _switch("FERRY_QUANT_INT8_ACTIVATIONS", "int8 activations", "fp32")

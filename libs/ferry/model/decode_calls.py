@@ -13,7 +13,8 @@ Python. The ops and their order are exactly those of CausalLM._cpu_layers, so th
 28.8 ms to 10.7 / 16.6 / 23.6 ms, of which ~10.2 / 16.4 / 23.7 ms (profiled) is now inside the kernels.
 
 Steps of BF16_COPY_FROM_ROWS+ rows (16+ on AMX by default), whose matmuls go through each QuantLinear's bf16 copy
-(ferry_cpu::bf16_amx_linear), run the same way with the copy variant of each matmul, picked per step (the row count
+(ferry_cpu::bf16_amx_linear, or without AMX ferry_cpu::bf16_dot_linear: quant_linear.copy_op), run the same way
+with the copy variant of each matmul, picked per step (the row count
 decides, as in QuantLinear.forward): q/k/v and o_proj hand fp32 rows on, and with quant_linear.BF16_ACTIVATIONS
 gate/up -> SiLU-and-mul -> down stays bf16 as in GatedMLP.forward (else fp32), so those steps' logits are the general
 path's bit for bit too. They were ~48% of the SmolLM2 burst's engine time (126 steps of ~36 ms, ~8 ms of it host);
@@ -25,8 +26,9 @@ calls, +11%), 0.78 -> 0.86-0.87 of the in-process engine's.
 decode_calls() returns None, and the model keeps its general path, for anything else: float weights, biases,
 MoE/MLA layers, a backend other than 'cpu', or a kernel build that failed; takes() refuses caches of other dtypes,
 batches that the per-call bf16 matmul would multiply (BF16_FROM_ROWS, 512+ rows on AMX, where there is no copy), and
-batches of BF16_COPY_FROM_ROWS+ rows unless every projection holds a copy packed for our AMX kernel (not one packed
-for oneDNN, FERRY_QUANT_BF16_AMX=0, nor a model past FERRY_QUANT_BF16_COPY_MAX_MB whose later layers hold none).
+batches of BF16_COPY_FROM_ROWS+ rows unless every projection holds a copy packed for our kernels (not one packed
+for oneDNN, FERRY_QUANT_BF16_AMX=0 or FERRY_QUANT_BF16_DOT_GEMM=0, nor a model past FERRY_QUANT_BF16_COPY_MAX_MB
+whose later layers hold none).
 """
 
 from __future__ import annotations
@@ -65,8 +67,8 @@ class LayerCalls:
     scale: float
     window: int
     copies: tuple[torch.Tensor, ...] | None = None
-    """The bf16 copies (QuantLinear.bf16_copy, packed for csrc/bf16_amx.h: 6-D) of qkv, o, gate_up, down, where all
-    four hold one in that layout, else None."""
+    """The bf16 copies (QuantLinear.bf16_copy, packed for csrc/bf16_amx.h and csrc/bf16_dot.h: 6-D) of qkv, o,
+    gate_up, down, where all four hold one in that layout, else None."""
 
 
 CPP_LOOP = os.environ.get("FERRY_DECODE_CPP_LOOP", "1") != "0"
@@ -134,7 +136,7 @@ def decode_calls(model: CausalLM) -> DecodeCalls | None:
             return None
         held = [getattr(m, "bf16_copy", None) for m in (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj)]
         has_copy = has_copy or any(c is not None for c in held)
-        amx = [c for c in held if c is not None and c.dim() == 6]  # packed for bf16_amx_linear, not oneDNN
+        amx = [c for c in held if c is not None and c.dim() == 6]  # packed for our kernels (copy_op), not oneDNN
         post = layer.post_attention_layernorm
         calls.append(
             LayerCalls(
@@ -211,9 +213,9 @@ def run(
             cpu_decode.BF16_DOT,
             calls.copies if copy_mode else [],
             copy_mode,
-            qkernels.BF16_AMX_PREFETCH,
+            qkernels.copy_op()[1],
         )
-    mm, prefetch = ops.bf16_amx_linear.default, qkernels.BF16_AMX_PREFETCH
+    mm, prefetch = qkernels.copy_op()
 
     def linear(c: LayerCalls, p: int, inp: torch.Tensor, bf16_out: bool = False) -> torch.Tensor:
         """Projection p (qkv, o, gate_up, down) of layer c, as the C++ loop's `linear`."""

@@ -70,9 +70,9 @@ class QuantLinear(nn.Module):
                 weakref.finalize(self, kernels.release_bf16_copy, nbytes)
 
     bf16_copy: torch.Tensor | None = None
-    """Where kernels.BF16_COPY_FROM_ROWS > 0 (on by default with AMX): the weight dequantized to bfloat16 and packed
-    at prepack (kernels.pack_bf16_copy: for our AMX bf16 GEMM, 6-D, or for oneDNN, 2-D), which multiplies calls of
-    that many rows or more (2 bytes a weight beside the codes)."""
+    """Where kernels.BF16_COPY_FROM_ROWS > 0 (on by default with AMX or AVX512_BF16): the weight dequantized to
+    bfloat16 and packed at prepack (kernels.pack_bf16_copy: for our AMX or AVX512_BF16 GEMM, 6-D, or for oneDNN, 2-D),
+    which multiplies calls of that many rows or more (2 bytes a weight beside the codes)."""
 
     dot_call: tuple | None = None
     """(the int8-activation op, its arguments after x), bound at prepack: a decode step makes ~120 of these

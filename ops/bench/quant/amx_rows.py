@@ -3,7 +3,8 @@ memory as in serving): the int8-activation kernel (what decode runs) on its AVX-
 tiles (csrc/quant_dot_amx.h; the same weights also as int8 codes, both ways), bf16 with the weight dequantized per call
 (BF16_FROM_ROWS, what prefill runs), a cached bf16 copy of the dequantized weight through torch.mm, the same copy
 packed once for oneDNN (mkldnn linear, AMX tiles), the copy packed for our AMX bf16 GEMM (csrc/bf16_amx.h; with
-software prefetch 0 / 2 / 8 KB ahead), and oneDNN's packed fp32 GEMM for scale (small M only).
+software prefetch 0 / 2 / 8 KB ahead), the same packed copy in our AVX512_BF16 GEMM (csrc/bf16_dot.h, where there is
+no AMX; its default prefetch, none, 4 KB ahead), and oneDNN's packed fp32 GEMM for scale (small M only).
 Shapes: 30 layers of fused qkv, o, fused gate/up, down, plus lm_head (49152 x 576) once; random weights.
 
     /work/tools/cpu-bench python ops/bench/quant/amx_rows.py [--rows 1,8,...] [--columns int4_kernel_ms,...] [--out DIR]
@@ -20,8 +21,10 @@ import torch
 from step_rows import LAYERS, SHAPES, best_of  # the same step, timed the same way
 
 from ferry.kernels.quant_linear import (
+    BF16_DOT_PREFETCH,
     amx_int8_usable,
     bf16_amx_usable,
+    bf16_dot_usable,
     bf16_quant_matmul,
     dot_quant_matmul,
     pack_bf16_amx,
@@ -37,6 +40,11 @@ FP32_MAX_ROWS = 128
 def amx_bf16_matmul(x: torch.Tensor, packed: tuple[torch.Tensor, int], prefetch: int) -> torch.Tensor:
     """Our AMX bf16 GEMM (csrc/bf16_amx.h) with a bf16 copy packed for it, fp32 out, prefetching this far ahead."""
     return torch.ops.ferry_cpu.bf16_amx_linear(x, packed[0], packed[1], False, prefetch)
+
+
+def dot_bf16_matmul(x: torch.Tensor, packed: tuple[torch.Tensor, int], prefetch: int) -> torch.Tensor:
+    """Our AVX512_BF16 GEMM (csrc/bf16_dot.h) with the same packed copy, fp32 out, prefetching this far ahead."""
+    return torch.ops.ferry_cpu.bf16_dot_linear(x, packed[0], packed[1], False, prefetch)
 
 
 def run_step(weights: list, xs: dict[int, torch.Tensor], matmul: Callable) -> None:
@@ -58,6 +66,9 @@ def main() -> None:
     int4 = [(q.in_features, pack_for_dot(q)) for q in quantized]
     int8 = [(w.shape[1], pack_for_dot(quantize(w, 8, 32))) for w in dense]
     amx_bf16 = [(w.shape[1], (pack_bf16_amx(w), w.shape[0])) for w in bf16] if bf16_amx_usable() else []
+    dot_bf16 = []  # the same layout: one packed copy serves both kernels
+    if bf16_dot_usable():
+        dot_bf16 = amx_bf16 or [(w.shape[1], (pack_bf16_amx(w), w.shape[0])) for w in bf16]
     vnni, amx = partial(dot_quant_matmul, amx_from_rows=0), partial(dot_quant_matmul, amx_from_rows=1)
     columns: dict[str, tuple[list, Callable]] = {
         "int4_kernel_ms": (int4, vnni),
@@ -76,6 +87,9 @@ def main() -> None:
         "bf16_amx_ms": (amx_bf16, partial(amx_bf16_matmul, prefetch=0)),
         "bf16_amx_prefetch2k_ms": (amx_bf16, partial(amx_bf16_matmul, prefetch=2048)),
         "bf16_amx_prefetch8k_ms": (amx_bf16, partial(amx_bf16_matmul, prefetch=8192)),
+        "bf16_dot_ms": (dot_bf16, partial(dot_bf16_matmul, prefetch=BF16_DOT_PREFETCH)),
+        "bf16_dot_no_prefetch_ms": (dot_bf16, partial(dot_bf16_matmul, prefetch=0)),
+        "bf16_dot_prefetch4k_ms": (dot_bf16, partial(dot_bf16_matmul, prefetch=4096)),
         "fp32_onednn_ms": (
             [(w.shape[1], cpu_linear.pack(w)) for w in dense],
             lambda x, p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""),

@@ -27,7 +27,43 @@ constexpr int64_t kBfTile = 512;   // bf16 elements per tile (16 x 64 bytes)
 // bf16 copy (up to 512 x K x 2 bytes: 1.5 MB at K = 1536) stays in L2 while the groups stream past it.
 constexpr int64_t kBfRowBlock = 512;
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__x86_64__) && defined(__linux__) && \
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define FERRY_BF16_ROWS_BUILT 1  // the conversions to bf16 (shared with bf16_dot.h)
+
+// x's rows [begin, end) into the padded bf16 buffer (its padding already zero).
+inline void bf16_rows(const at::Tensor& x, uint16_t* a, int64_t lda, int64_t begin, int64_t end) {
+  const int64_t k = x.size(1);
+  if (x.scalar_type() == at::kBFloat16) {
+    const auto* src = reinterpret_cast<const uint16_t*>(x.data_ptr());
+    for (int64_t r = begin; r < end; ++r) std::memcpy(a + r * lda, src + r * k, k * 2);
+    return;
+  }
+  const float* src = x.data_ptr<float>();
+  for (int64_t r = begin; r < end; ++r) {
+    for (int64_t i = 0; i < k; i += 16) {
+      const __mmask16 mask = k - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (k - i)) - 1);
+      const __m512 v = _mm512_maskz_loadu_ps(mask, src + r * k + i);
+      _mm256_mask_storeu_epi16(a + r * lda + i, mask, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+    }
+  }
+}
+
+// x [M, K] -> a zero-padded bf16 copy [M rounded up to 16, lda] (lda: K rounded up to 32): the tiles read whole 16 x
+// 32 blocks; the padding is zero (also zero in the weight, but 0 * NaN).
+inline at::Tensor bf16_padded_rows(const at::Tensor& x, int64_t lda, int64_t m_rows) {
+  const int64_t k = x.size(1), padded_rows = (m_rows + 15) / 16 * 16;
+  auto a = at::empty({padded_rows, lda}, x.options().dtype(at::kBFloat16));
+  auto* ap = reinterpret_cast<uint16_t*>(a.data_ptr());
+  if (lda != k)
+    for (int64_t r = 0; r < m_rows; ++r) std::memset(ap + r * lda + k, 0, (lda - k) * 2);
+  if (padded_rows != m_rows) std::memset(ap + m_rows * lda, 0, (padded_rows - m_rows) * lda * 2);
+  at::parallel_for(0, m_rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1)),
+                   [&](int64_t begin, int64_t end) { bf16_rows(x, ap, lda, begin, end); });
+  return a;
+}
+#endif
+
+#if defined(FERRY_BF16_ROWS_BUILT) && defined(__x86_64__) && defined(__linux__) && \
     ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
 #define FERRY_AMX_BF16_BUILT 1
 
@@ -153,29 +189,26 @@ FERRY_AMX_BF16_TARGET void bf16_groups(const uint16_t* a, int64_t lda, int64_t m
   _tile_release();
 }
 
-// x's rows [begin, end) into the padded bf16 buffer (its padding already zero).
-inline void bf16_rows(const at::Tensor& x, uint16_t* a, int64_t lda, int64_t begin, int64_t end) {
-  const int64_t k = x.size(1);
-  if (x.scalar_type() == at::kBFloat16) {
-    const auto* src = reinterpret_cast<const uint16_t*>(x.data_ptr());
-    for (int64_t r = begin; r < end; ++r) std::memcpy(a + r * lda, src + r * k, k * 2);
-    return;
-  }
-  const float* src = x.data_ptr<float>();
-  for (int64_t r = begin; r < end; ++r) {
-    for (int64_t i = 0; i < k; i += 16) {
-      const __mmask16 mask = k - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (k - i)) - 1);
-      const __m512 v = _mm512_maskz_loadu_ps(mask, src + r * k + i);
-      _mm256_mask_storeu_epi16(a + r * lda + i, mask, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
-    }
-  }
-}
-
 #else
 bool amx_bf16_usable() { return false; }
 #endif
 
 std::atomic<int64_t> amx_bf16_calls{0};  // calls that took the tiles (the tests' proof that the path ran)
+
+// x [M, K] fp32 or bf16 contiguous and a weight packed by pack_bf16_amx for n outputs, else a ValueError naming op
+// -> the weight's 32-input chunks.
+inline int64_t bf16_check_packed(const char* op, const at::Tensor& x, const at::Tensor& packed, int64_t n) {
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.is_contiguous() &&
+                        (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+                    op, ": x must be a contiguous 2-D fp32 or bf16 tensor");
+  const int64_t k = x.size(1), chunks = (k + kBfChunk - 1) / kBfChunk, groups = (n + kBfGroup - 1) / kBfGroup;
+  TORCH_CHECK_VALUE(packed.dim() == 6 && packed.size(0) == groups && packed.size(1) == chunks &&
+                        packed.size(2) == 2 && packed.size(3) == 16 && packed.size(4) == 16 && packed.size(5) == 2 &&
+                        packed.is_contiguous() && packed.scalar_type() == at::kBFloat16,
+                    op, ": x [", x.size(0), ", ", k, "] does not fit a packed weight ", packed.sizes(), " for ", n,
+                    " outputs");
+  return chunks;
+}
 
 // x [M, K] fp32 or bf16 contiguous; packed [ceil(n / 32), ceil(K / 32), 2, 16, 16, 2] bf16 (pack_bf16_amx);
 // n: the real output columns; out_bf16: round the output to bf16 -> [M, n] fp32 or bf16; prefetch_bytes: how
@@ -183,29 +216,15 @@ std::atomic<int64_t> amx_bf16_calls{0};  // calls that took the tiles (the tests
 at::Tensor bf16_amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, bool out_bf16,
                            int64_t prefetch_bytes) {
   TORCH_CHECK(amx_bf16_usable(), "bf16_amx_linear: no AMX-BF16 tiles here (see bf16_amx())");
-  TORCH_CHECK_VALUE(x.dim() == 2 && x.is_contiguous() &&
-                        (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-                    "bf16_amx_linear: x must be a contiguous 2-D fp32 or bf16 tensor");
-  const int64_t m_rows = x.size(0), k = x.size(1), chunks = (k + kBfChunk - 1) / kBfChunk;
-  const int64_t groups = (n + kBfGroup - 1) / kBfGroup;
-  TORCH_CHECK_VALUE(packed.dim() == 6 && packed.size(0) == groups && packed.size(1) == chunks &&
-                        packed.size(2) == 2 && packed.size(3) == 16 && packed.size(4) == 16 && packed.size(5) == 2 &&
-                        packed.is_contiguous() && packed.scalar_type() == at::kBFloat16,
-                    "bf16_amx_linear: x [", m_rows, ", ", k, "] does not fit a packed weight ", packed.sizes(),
-                    " for ", n, " outputs");
+  const int64_t m_rows = x.size(0), chunks = bf16_check_packed("bf16_amx_linear", x, packed, n);
+  const int64_t groups = packed.size(0);
   auto out = at::empty({m_rows, n}, x.options().dtype(out_bf16 ? at::kBFloat16 : at::kFloat));
 #if defined(FERRY_AMX_BF16_BUILT)
   if (m_rows == 0) return out;
   amx_bf16_calls.fetch_add(1, std::memory_order_relaxed);
-  const int64_t lda = chunks * kBfChunk, padded_rows = (m_rows + 15) / 16 * 16;
-  // zero padding: the rows past M and the inputs past K (the latter also zero in the weight, but 0 * NaN)
-  auto a = at::empty({padded_rows, lda}, x.options().dtype(at::kBFloat16));
-  auto* ap = reinterpret_cast<uint16_t*>(a.data_ptr());
-  if (lda != k)
-    for (int64_t r = 0; r < m_rows; ++r) std::memset(ap + r * lda + k, 0, (lda - k) * 2);
-  if (padded_rows != m_rows) std::memset(ap + m_rows * lda, 0, (padded_rows - m_rows) * lda * 2);
-  at::parallel_for(0, m_rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1)),
-                   [&](int64_t begin, int64_t end) { bf16_rows(x, ap, lda, begin, end); });
+  const int64_t lda = chunks * kBfChunk;
+  const at::Tensor a = bf16_padded_rows(x, lda, m_rows);
+  const auto* ap = reinterpret_cast<const uint16_t*>(a.data_ptr());
   const auto* w = reinterpret_cast<const uint16_t*>(packed.data_ptr());
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     if (out_bf16)

@@ -10,9 +10,9 @@
 // see decode_calls.py's flat_arguments for their order. bf16_dot: paged attention's (cpu_decode.BF16_DOT).
 //
 // copy_mode: 0, every matmul through the int8-activation kernel (quant_dot_linear); 1, through the bf16 copies
-// (bf16_amx_linear; copies: 4 a layer, qkv, o, gate_up, down), fp32 out; 2, as 1 but gate/up hands bf16 rows to
+// (bf16_amx_linear, or bf16_dot_linear without AMX; copies: 4 a layer, qkv, o, gate_up, down), fp32 out; 2, as 1 but gate/up hands bf16 rows to
 // SiLU-and-mul and down (quant_linear.BF16_ACTIVATIONS). What QuantLinear.forward and GatedMLP.forward pick for a
-// step of BF16_COPY_FROM_ROWS+ rows; decode_calls.run picks it per step. prefetch: bf16_amx_linear's prefetch_bytes.
+// step of BF16_COPY_FROM_ROWS+ rows; decode_calls.run picks it per step. prefetch: that op's prefetch_bytes.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -43,7 +43,9 @@ at::Tensor decode_layers(T x, T h0, T cos, T sin, T slots, T tables, T seq_lens,
   static auto write = find<void(T, T, T)>("ferry_cpu::write_kv");
   static auto attend = find<at::Tensor(T, T, T, T, T, double, int64_t, bool)>("ferry_cpu::paged_decode_attention");
   static auto silu = find<at::Tensor(T)>("ferry_cpu::silu_and_mul");
-  static auto copy_mm = find<at::Tensor(T, T, int64_t, bool, int64_t)>("ferry_cpu::bf16_amx_linear");
+  // the copies' GEMM: AMX tiles where usable, else AVX512_BF16 (the same arguments and layout; quant_linear.copy_op)
+  static auto copy_mm = find<at::Tensor(T, T, int64_t, bool, int64_t)>(
+      find<bool()>("ferry_cpu::bf16_amx").call() ? "ferry_cpu::bf16_amx_linear" : "ferry_cpu::bf16_dot_linear");
   const int64_t layers = static_cast<int64_t>(tensors.size()) / kTensors;
   TORCH_CHECK_VALUE(static_cast<int64_t>(tensors.size()) == layers * kTensors &&
                         static_cast<int64_t>(ints.size()) == layers * kInts &&

@@ -322,6 +322,7 @@ void run(const DotPacked& p, const QuantRows& x, int64_t m_rows, int64_t n, floa
 
 #include "quant_dot_amx.h"  // run_amx, amx_int8_usable
 #include "bf16_amx.h"       // bf16_amx_linear, amx_bf16_usable
+#include "bf16_dot.h"       // bf16_dot_linear, bf16_dot_usable
 
 std::string quant_dot_isa() { return FERRY_DOT_ISA; }
 
@@ -379,6 +380,10 @@ TORCH_LIBRARY_FRAGMENT(ferry_cpu, m) {
   m.def("bf16_amx_calls() -> int", [] { return amx_bf16_calls.load(); });
   m.def("bf16_amx_linear(Tensor x, Tensor packed, int n, bool out_bf16=False, int prefetch_bytes=0) -> Tensor",
         &bf16_amx_linear);
+  m.def("bf16_dot() -> bool", &bf16_dot_usable);
+  m.def("bf16_dot_calls() -> int", [] { return bf16_dot_calls.load(); });
+  m.def("bf16_dot_linear(Tensor x, Tensor packed, int n, bool out_bf16=False, int prefetch_bytes=0) -> Tensor",
+        &bf16_dot_linear);
   m.def(
       "quant_dot_linear(Tensor x, Tensor codes, Tensor scales, Tensor offsets, int bits, int group_size, int n, "
       "int digits, int amx_from_rows=0) -> Tensor",
