@@ -37,8 +37,9 @@ ROOT = Path(__file__).resolve().parents[3]
 def source(rev: str, name: str) -> str:
     if rev == "WORK":
         return (ROOT / CSRC / name).read_text()
-    return subprocess.run(["git", "show", f"{rev}:{CSRC}/{name}"], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout
+    return subprocess.run(
+        ["git", "show", f"{rev}:{CSRC}/{name}"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
 
 
 def build(spec: str):
@@ -69,7 +70,7 @@ def build(spec: str):
 
 
 def packed_weights(gen: torch.Generator) -> dict[str, list]:
-    out = {}
+    out: dict[str, list] = {}
     for shape, (n, k) in SHAPES.items():
         copies = 1 if shape == "lm_head" else LAYERS
         out[shape] = []
@@ -102,7 +103,7 @@ def main() -> None:
         return
     gen = torch.Generator().manual_seed(0)
     weights = packed_weights(gen)
-    results = []
+    results: list[dict] = []
     for m in (int(r) for r in args.rows.split(",")):
         for shape, (n, k) in SHAPES.items():
             x = torch.randn(m, k, generator=gen)
@@ -115,23 +116,42 @@ def main() -> None:
                 for name, op in ops.items():
                     best[name] = min(best[name], time_shape(op, weights[shape], x, calls))
             gop = 2 * m * n * k / 1e9
-            row = {"shape": shape, "rows": m, "n": n, "k": k, "bit_identical": same,
-                   "us": {name: t * 1e6 for name, t in best.items()},
-                   "gop_per_s": {name: gop / t for name, t in best.items()}}
+            row: dict = {
+                "shape": shape,
+                "rows": m,
+                "n": n,
+                "k": k,
+                "bit_identical": same,
+                "us": {name: t * 1e6 for name, t in best.items()},
+                "gop_per_s": {name: gop / t for name, t in best.items()},
+            }
             results.append(row)
             names = list(ops)
             ratio = " ".join(f"{name} {best[names[0]] / best[name]:.3f}x" for name in names[1:])
-            print(f"M={m:3d} {shape:8s} " + " ".join(f"{name} {best[name] * 1e6:8.1f} us" for name in names)
-                  + f"  {ratio}  {'same' if same else 'DIFFERENT'}", flush=True)
+            print(
+                f"M={m:3d} {shape:8s} "
+                + " ".join(f"{name} {best[name] * 1e6:8.1f} us" for name in names)
+                + f"  {ratio}  {'same' if same else 'DIFFERENT'}",
+                flush=True,
+            )
     totals = {name: sum(r["us"][name] * (1 if r["shape"] == "lm_head" else LAYERS) for r in results) for name in ops}
-    print("step-weighted total (30 layers + lm_head, all row counts):",
-          " ".join(f"{name} {t / 1e3:.2f} ms" for name, t in totals.items()))
+    print(
+        "step-weighted total (30 layers + lm_head, all row counts):",
+        " ".join(f"{name} {t / 1e3:.2f} ms" for name, t in totals.items()),
+    )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         report = {
-            "variants": args.variants, "rounds": args.rounds, "layers": LAYERS,
-            "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__},
-            "results": results, "step_weighted_total_ms": {n: t / 1e3 for n, t in totals.items()},
+            "variants": args.variants,
+            "rounds": args.rounds,
+            "layers": LAYERS,
+            "machine": {
+                "platform": platform.platform(),
+                "threads": torch.get_num_threads(),
+                "torch": torch.__version__,
+            },
+            "results": results,
+            "step_weighted_total_ms": {n: t / 1e3 for n, t in totals.items()},
         }
         (args.out / "vnni_ab.json").write_text(json.dumps(report, indent=2) + "\n")
 
