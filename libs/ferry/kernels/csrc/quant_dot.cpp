@@ -182,7 +182,7 @@ struct DotPacked {
 // d * q1 (digits 1, d then the chunk's absmax / 127); per (row, chunk) d, the digit sum sum(256 * q1 + q2) or
 // sum(q1) as an int, and d times it.
 struct QuantRows {
-  std::vector<int8_t> q1, q2;  // [M, K]; q2 empty with one digit
+  std::vector<int8_t> q1, q2;  // [M, K] (AMX) or [K / 32, M, 32] (quantize_range); q2 unused with one digit
   std::vector<float> scale, scaled_sum;
   std::vector<int32_t> sum;
   int64_t rows = 0, chunks = 0;  // M, K / 32 of the call
@@ -290,9 +290,6 @@ QuantRows& size_rows(int64_t m_rows, int64_t k, int digits) {
   r.chunks = k / kChunk;
   return r;
 }
-
-inline const int8_t* digit(const QuantRows& x, int d) { return d == 0 ? x.q1.data() : x.q2.data(); }
-
 
 // One 32-input chunk's int32 sums for kRows rows (256 * s1 + s2 with two digits): an accumulator per (digit, row),
 // the codes unpacked per 64-byte group and shared by every row and digit. q1, q2: the pass's first row's 32
