@@ -14,8 +14,9 @@
 //   scales, offsets [N/16, K/G, 16] fp32: w = (code - 128) * scale (int8), code * scale + offset (int4).
 // Per 32-input chunk c and row m: s = sum_k q[m, k] * code[k] (int32, exact), then
 //   out += d[m, c] * scale * s (+ d[m, c] * sum_k q[m, k] * offset, int4).
-// Threads split the column blocks (at::parallel_for); a pass holds kRows rows' accumulators in registers, so
-// the weights of batch 1-8 are read once (AVX-512) and more rows re-read a block's codes from L1/L2.
+// One OpenMP region per call: the threads split the (row, chunk) pairs to quantize, meet at a barrier, then split
+// the column blocks; a pass holds kRows rows' accumulators in registers, so the weights of batch 1-8 are read
+// once (AVX-512) and more rows re-read a block's codes from L1/L2 (passes as even as kMaxRows allows).
 //
 // On CPUs with AMX-INT8, calls of amx_from_rows rows or more get their int32 sums from tiles instead
 // (quant_dot_amx.h), with the same result bit for bit.
@@ -39,6 +40,10 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #if defined(__linux__) && defined(__x86_64__)  // for quant_dot_amx.h and bf16_amx.h
 #include <cpuid.h>
@@ -69,7 +74,10 @@ constexpr int kGroupBytes = 64;  // codes per (block, 4 inputs) for int8, (block
 typedef __m512i ireg;  // 16 int32 lanes = the block's 16 columns, or 64 code bytes
 typedef __m512 freg;
 constexpr int kRegs = 1;        // registers per 16 columns
-constexpr int kMaxRows = 8;     // 2 accumulators per row: 16 of the 32 zmm
+#ifndef FERRY_DOT_MAX_ROWS  // (a -D for ops/bench/throughput/vnni_ab.py)
+#define FERRY_DOT_MAX_ROWS 8
+#endif
+constexpr int kMaxRows = FERRY_DOT_MAX_ROWS;  // 2 accumulators per row: 16 of the 32 zmm
 inline ireg load_codes(const uint8_t* p) { return _mm512_loadu_si512(p); }
 inline ireg izero() { return _mm512_setzero_si512(); }
 inline ireg low_nibbles(ireg w) { return _mm512_and_si512(w, _mm512_set1_epi8(15)); }
@@ -93,8 +101,17 @@ inline Codes prepare(ireg w) {
   return {w};
 }
 template <bool kSigned>
-inline ireg dot(ireg acc, const Codes& c, int32_t x4) {
-  return _mm512_dpbusd_epi32(acc, c.w, _mm512_set1_epi32(x4));
+inline ireg dot(ireg acc, const Codes& c, const int8_t* x4) {
+#if !defined(FERRY_DOT_NO_BCAST_ASM)
+  // The four bytes broadcast by the dot itself ({1to16}), where GCC emits a vpbroadcastd per set1(load): half
+  // the instructions of the inner loop, 3-5% sooner on Zen 4 (ops/bench/throughput/reports/20261205x-amd-vnni).
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(c.w), "m"(*reinterpret_cast<const int32_t*>(x4)));
+  return acc;
+#else
+  int32_t v;
+  std::memcpy(&v, x4, 4);
+  return _mm512_dpbusd_epi32(acc, c.w, _mm512_set1_epi32(v));
+#endif
 }
 constexpr bool kBiasedInt8 = true;  // int8 codes enter as code + 128, corrected afterwards
 #elif defined(__AVX2__)
@@ -133,8 +150,10 @@ inline Codes prepare(ireg w) {
   }
 }
 template <bool kSigned>
-inline ireg dot(ireg acc, const Codes& c, int32_t x4) {
-  ireg x = _mm256_set1_epi32(x4);
+inline ireg dot(ireg acc, const Codes& c, const int8_t* x4) {
+  int32_t v;
+  std::memcpy(&v, x4, 4);
+  ireg x = _mm256_set1_epi32(v);
   if constexpr (kSigned) x = _mm256_sign_epi8(x, c.sign);
   const ireg pairs = _mm256_maddubs_epi16(c.magnitude, x);
   return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
@@ -143,6 +162,14 @@ constexpr bool kBiasedInt8 = false;
 #else
 #define FERRY_DOT_ISA ""
 #endif
+
+// How many 32-input chunks ahead a block's first pass prefetches its codes, scales and offsets (into the next
+// block's past the end: a thread's blocks are contiguous). 12 and 4 measured alike, 3% sooner than none over
+// SmolLM2's step, gate_up (576 -> 3072) 8-20% at 1-32 rows (ops/bench/throughput/reports/20261205x-amd-vnni).
+#ifndef FERRY_DOT_PREFETCH
+#define FERRY_DOT_PREFETCH 12
+#endif
+constexpr int kPrefetchChunks = FERRY_DOT_PREFETCH;
 
 struct DotPacked {
   const uint8_t* codes;
@@ -155,9 +182,10 @@ struct DotPacked {
 // d * q1 (digits 1, d then the chunk's absmax / 127); per (row, chunk) d, the digit sum sum(256 * q1 + q2) or
 // sum(q1) as an int, and d times it.
 struct QuantRows {
-  std::vector<int8_t> q1, q2;  // [M, K]; q2 empty with one digit
+  std::vector<int8_t> q1, q2;  // [M, K] (AMX) or [K / 32, M, 32] (quantize_range); q2 unused with one digit
   std::vector<float> scale, scaled_sum;
   std::vector<int32_t> sum;
+  int64_t rows = 0, chunks = 0;  // M, K / 32 of the call
 };
 
 #if defined(__AVX2__)
@@ -199,7 +227,11 @@ inline void quantize_chunk(const float* x, int8_t* q1, int8_t* q2, float& scale,
     absmax_v = absmax_v > a ? absmax_v : a;
   }
   float absmax = 0.f;
+#if FERRY_CPU_LANES == 16  // a shuffle tree (GCC made 15 scalar vmaxss of the loop below); max is exact either way
+  absmax = _mm512_reduce_max_ps(reinterpret_cast<__m512>(absmax_v));
+#else
   for (int j = 0; j < kLanes; ++j) absmax = std::max(absmax, absmax_v[j]);
+#endif
   const float inv = absmax > 0.f ? 127.f / absmax : 0.f;
   veci sums = {};
   for (int i = 0; i < kVecs; ++i) {
@@ -217,78 +249,115 @@ inline void quantize_chunk(const float* x, int8_t* q1, int8_t* q2, float& scale,
     }
   }
   sum = 0;
+#if FERRY_CPU_LANES == 16
+  sum = _mm512_reduce_add_epi32(reinterpret_cast<__m512i>(sums));
+#else
   for (int j = 0; j < kLanes; ++j) sum += sums[j];
+#endif
   scale = absmax / 127.f / (kDigits == 2 ? 256.f : 1.f);
 }
 
-QuantRows quantize_rows(const float* x, int64_t m_rows, int64_t k, int digits) {
-  const int64_t chunks = k / kChunk, n = m_rows * chunks;
-  QuantRows r{std::vector<int8_t>(m_rows * k), std::vector<int8_t>(digits == 2 ? m_rows * k : 0),
-              std::vector<float>(n), std::vector<float>(n), std::vector<int32_t>(n)};
-  for (int64_t i = 0; i < n; ++i) {
+// Pairs [begin, end) of the M * K / 32 (row, chunk) pairs, i = row * K / 32 + chunk, into r (already sized by
+// size_rows). The digits go row-major ([M, K], the AMX tiles' layout) where chunk_major_rows is 0, else chunk-major
+// ([K / 32, M, 32], M = chunk_major_rows): a register pass then finds each of its rows' 32 bytes of a chunk at a
+// fixed distance from one pointer (row-major, 16 row pointers did not fit the integer registers and spilled).
+void quantize_range(const float* x, QuantRows& r, int digits, int64_t begin, int64_t end, int64_t chunk_major_rows) {
+  const int64_t chunks = r.chunks;
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t at = chunk_major_rows ? ((i % chunks) * chunk_major_rows + i / chunks) * kChunk : i * kChunk;
     if (digits == 2)
-      quantize_chunk<2>(x + i * kChunk, &r.q1[i * kChunk], &r.q2[i * kChunk], r.scale[i], r.sum[i]);
+      quantize_chunk<2>(x + i * kChunk, &r.q1[at], &r.q2[at], r.scale[i], r.sum[i]);
     else
-      quantize_chunk<1>(x + i * kChunk, &r.q1[i * kChunk], nullptr, r.scale[i], r.sum[i]);
+      quantize_chunk<1>(x + i * kChunk, &r.q1[at], nullptr, r.scale[i], r.sum[i]);
     r.scaled_sum[i] = r.scale[i] * static_cast<float>(r.sum[i]);
   }
+}
+
+// The calling thread's QuantRows, grown to hold M rows of K inputs (never shrunk, so a step's calls allocate and
+// clear nothing: every element read is written by quantize_range first).
+QuantRows& size_rows(int64_t m_rows, int64_t k, int digits) {
+  thread_local QuantRows r;
+  const auto grow = [](auto& v, int64_t size) {
+    if (static_cast<int64_t>(v.size()) < size) v.resize(size);
+  };
+  const int64_t n = m_rows * (k / kChunk);
+  grow(r.q1, m_rows * k);
+  if (digits == 2) grow(r.q2, m_rows * k);
+  grow(r.scale, n);
+  grow(r.scaled_sum, n);
+  grow(r.sum, n);
+  r.rows = m_rows;
+  r.chunks = k / kChunk;
   return r;
 }
 
-inline const int8_t* digit(const QuantRows& x, int d) { return d == 0 ? x.q1.data() : x.q2.data(); }
-
-inline int32_t four_bytes(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
+// One 32-input chunk's int32 sums for kRows rows (256 * s1 + s2 with two digits): an accumulator per (digit, row),
+// the codes unpacked per 64-byte group and shared by every row and digit. q1, q2: the pass's first row's 32
+// bytes of this chunk, the others' at fixed distances (chunk-major digits). (One accumulator per row, the second
+// digit's dots after a shift by 8, measured no faster: ops/bench/throughput/reports/20261205x-amd-vnni.)
+template <int kBits, int kDigits, int kRows>
+inline void chunk_sums(const uint8_t* cc, const int8_t* q1, const int8_t* q2, ireg (&s)[kRows][kRegs]) {
+  constexpr bool kSigned = kBits == 8 && !kBiasedInt8;
+  constexpr int kGroupsPerChunk = kBits == 8 ? kChunk / 4 : kChunk / 8;  // 64-byte code groups per chunk
+  constexpr int kInputs = kBits == 8 ? 4 : 8;                             // inputs per group
+  constexpr int kRegBytes = kGroupBytes / kRegs;
+  ireg sums[kDigits][kRows][kRegs];
+  for (int d = 0; d < kDigits; ++d)
+    for (int m = 0; m < kRows; ++m)
+      for (int h = 0; h < kRegs; ++h) sums[d][m][h] = izero();
+#pragma GCC unroll 8
+  for (int i = 0; i < kGroupsPerChunk; ++i)
+    for (int h = 0; h < kRegs; ++h) {
+      const ireg w = load_codes(cc + i * kGroupBytes + h * kRegBytes);
+      const Codes lo = kBits == 8 ? prepare<kSigned>(w) : prepare<false>(low_nibbles(w));
+      const Codes hi = kBits == 8 ? lo : prepare<false>(high_nibbles(w));
+      for (int d = 0; d < kDigits; ++d)
+        for (int m = 0; m < kRows; ++m) {
+          const int8_t* q = (d == 0 ? q1 : q2) + m * kChunk + i * kInputs;
+          sums[d][m][h] = dot<kSigned>(sums[d][m][h], lo, q);
+          if constexpr (kBits == 4) sums[d][m][h] = dot<false>(sums[d][m][h], hi, q + 4);
+        }
+    }
+  for (int m = 0; m < kRows; ++m)
+    for (int h = 0; h < kRegs; ++h)
+      s[m][h] = kDigits == 2 ? add_i(shift8_i(sums[0][m][h]), sums[kDigits - 1][m][h]) : sums[0][m][h];
 }
 
 // out[m, block's columns] for kRows rows starting at row0.
 template <int kBits, int kDigits, int kRows>
-void block_rows(const DotPacked& p, const QuantRows& x, int64_t row0, int64_t block, float* out, int64_t n) {
-  constexpr bool kSigned = kBits == 8 && !kBiasedInt8;
-  constexpr int kGroupsPerChunk = kBits == 8 ? kChunk / 4 : kChunk / 8;  // 64-byte code groups per chunk
-  constexpr int kRegBytes = kGroupBytes / kRegs;
-  const int64_t chunks = p.k / kChunk, groups = p.k / p.group_size, chunks_per_group = p.group_size / kChunk;
+void block_rows(const DotPacked& p, const QuantRows& x, int64_t row0, int64_t block, float* out, int64_t n,
+                int group_shift) {
+  constexpr int kGroupsPerChunk = kBits == 8 ? kChunk / 4 : kChunk / 8;
+  const int64_t chunks = p.k / kChunk, groups = p.k / p.group_size;
   const uint8_t* codes = p.codes + block * chunks * kGroupsPerChunk * kGroupBytes;
   const float* scales = p.scales + block * groups * kCols;
   const float* offsets = kBits == 4 ? p.offsets + block * groups * kCols : nullptr;
+  const int64_t m_rows = x.rows;  // chunk-major digits: [chunks, M, 32]
+  const int8_t* q1 = x.q1.data() + row0 * kChunk;
+  const int8_t* q2 = kDigits == 2 ? x.q2.data() + row0 * kChunk : nullptr;
   freg acc[kRows][kRegs];
   for (int m = 0; m < kRows; ++m)
     for (int h = 0; h < kRegs; ++h) acc[m][h] = fzero();
   for (int64_t c = 0; c < chunks; ++c) {
-    ireg sums[kDigits][kRows][kRegs];
-    for (int d = 0; d < kDigits; ++d)
-      for (int m = 0; m < kRows; ++m)
-        for (int h = 0; h < kRegs; ++h) sums[d][m][h] = izero();
-    const uint8_t* cc = codes + c * kGroupsPerChunk * kGroupBytes;
-#pragma GCC unroll 8
-    for (int i = 0; i < kGroupsPerChunk; ++i) {
-      for (int h = 0; h < kRegs; ++h) {
-        const ireg w = load_codes(cc + i * kGroupBytes + h * kRegBytes);
-        if constexpr (kBits == 8) {
-          const Codes cw = prepare<kSigned>(w);
-          for (int d = 0; d < kDigits; ++d)
-            for (int m = 0; m < kRows; ++m)
-              sums[d][m][h] = dot<kSigned>(sums[d][m][h], cw, four_bytes(&digit(x, d)[(row0 + m) * p.k + c * kChunk + i * 4]));
-        } else {
-          const Codes lo = prepare<false>(low_nibbles(w)), hi = prepare<false>(high_nibbles(w));
-          for (int d = 0; d < kDigits; ++d)
-            for (int m = 0; m < kRows; ++m) {
-              const int8_t* xq = &digit(x, d)[(row0 + m) * p.k + c * kChunk + i * 8];
-              sums[d][m][h] = dot<false>(dot<false>(sums[d][m][h], lo, four_bytes(xq)), hi, four_bytes(xq + 4));
-            }
-        }
-      }
+    if (kPrefetchChunks > 0 && row0 == 0) {  // the first pass streams the block's codes (the next block's beyond)
+      for (int i = 0; i < kGroupsPerChunk; ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(codes + ((c + kPrefetchChunks) * kGroupsPerChunk + i) * kGroupBytes),
+                     _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(scales + ((c + kPrefetchChunks) >> group_shift) * kCols), _MM_HINT_T0);
+      if constexpr (kBits == 4)
+        _mm_prefetch(reinterpret_cast<const char*>(offsets + ((c + kPrefetchChunks) >> group_shift) * kCols),
+                     _MM_HINT_T0);
     }
-    const int64_t g = c / chunks_per_group;
+    ireg sums[kRows][kRegs];
+    chunk_sums<kBits, kDigits, kRows>(codes + c * kGroupsPerChunk * kGroupBytes, q1 + c * m_rows * kChunk,
+                                      kDigits == 2 ? q2 + c * m_rows * kChunk : nullptr, sums);
+    const int64_t g = c >> group_shift;
     for (int m = 0; m < kRows; ++m) {
       const int64_t rc = (row0 + m) * chunks + c;
       const freg d = splat_f(x.scale[rc]);
       for (int h = 0; h < kRegs; ++h) {
         const freg scale = load_f(scales + g * kCols + h * (kCols / kRegs));
-        ireg s = sums[0][m][h];
-        if constexpr (kDigits == 2) s = add_i(shift8_i(s), sums[1][m][h]);
+        ireg s = sums[m][h];
         if constexpr (kBits == 8 && kBiasedInt8) s = sub_i(s, 128 * x.sum[rc]);
         acc[m][h] = fma_f(to_f(s), mul_f(d, scale), acc[m][h]);
         if constexpr (kBits == 4)
@@ -304,18 +373,41 @@ void block_rows(const DotPacked& p, const QuantRows& x, int64_t row0, int64_t bl
   }
 }
 
+// Column blocks [begin, end), every row, in passes of as even a size as kMaxRows allows (9 rows: 5 + 4, not
+// 8 + 1: a one-row pass is a single chain of dependent dots).
 template <int kBits, int kDigits>
-void run(const DotPacked& p, const QuantRows& x, int64_t m_rows, int64_t n, float* out) {
-  const int64_t blocks = (n + kCols - 1) / kCols;
+void dot_blocks(const DotPacked& p, const QuantRows& x, int64_t m_rows, int64_t n, float* out, int64_t begin,
+                int64_t end) {
+  const int64_t passes = (m_rows + kMaxRows - 1) / kMaxRows, per_pass = (m_rows + passes - 1) / passes;
+  const int group_shift = __builtin_ctzll(p.group_size / kChunk);  // 32, 64, 128 inputs: 0, 1, 2
+  for (int64_t block = begin; block < end; ++block)
+    for (int64_t m = 0; m < m_rows; m += per_pass)
+      ferry_cpu::with_rows<kMaxRows>(std::min<int64_t>(per_pass, m_rows - m), [&](auto rows) {
+        block_rows<kBits, kDigits, decltype(rows)::value>(p, x, m, block, out, n, group_shift);
+      });
+}
+
+// Quantizes x and multiplies in one parallel region: each thread quantizes its share of the (row, chunk) pairs,
+// waits for the others at a barrier, then computes its share of the column blocks (one fork per call, and the
+// quantization split over the threads instead of run before them on one).
+template <int kBits, int kDigits>
+void run(const DotPacked& p, const float* xf, QuantRows& x, int64_t m_rows, int64_t n, float* out) {
+  const int64_t blocks = (n + kCols - 1) / kCols, pairs = m_rows * (p.k / kChunk);
+#if defined(_OPENMP)
+  const int threads = at::in_parallel_region() ? 1 : static_cast<int>(std::min<int64_t>(at::get_num_threads(), blocks));
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    quantize_range(xf, x, kDigits, pairs * t / nt, pairs * (t + 1) / nt, m_rows);
+#pragma omp barrier
+    dot_blocks<kBits, kDigits>(p, x, m_rows, n, out, blocks * t / nt, blocks * (t + 1) / nt);
+  }
+#else
+  quantize_range(xf, x, kDigits, 0, pairs, m_rows);
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t block = begin; block < end; ++block) {
-      for (int64_t m = 0; m < m_rows; m += kMaxRows) {
-        ferry_cpu::with_rows<kMaxRows>(std::min<int64_t>(kMaxRows, m_rows - m), [&](auto rows) {
-          block_rows<kBits, kDigits, decltype(rows)::value>(p, x, m, block, out, n);
-        });
-      }
-    }
+    dot_blocks<kBits, kDigits>(p, x, m_rows, n, out, begin, end);
   });
+#endif
 }
 
 #endif  // __AVX2__
@@ -348,13 +440,14 @@ at::Tensor quant_dot_linear(const at::Tensor& x, const at::Tensor& codes, const 
                                       offsets.numel() == scales.numel()));
   auto out = at::empty({m_rows, n}, x.options());
 #if defined(__AVX2__)
-  const QuantRows q = quantize_rows(x.data_ptr<float>(), m_rows, k, static_cast<int>(digits));
+  QuantRows& q = size_rows(m_rows, k, static_cast<int>(digits));
   const DotPacked p{codes.data_ptr<uint8_t>(), scales.data_ptr<float>(),
                     bits == 4 ? offsets.data_ptr<float>() : nullptr, k, group_size};
   float* o = out.data_ptr<float>();
 #if defined(FERRY_AMX_INT8_BUILT)
   if (amx_from_rows > 0 && m_rows >= amx_from_rows && amx_int8_usable()) {
     amx_calls.fetch_add(1, std::memory_order_relaxed);
+    quantize_range(x.data_ptr<float>(), q, static_cast<int>(digits), 0, m_rows * (k / kChunk), 0);
     if (bits == 8)
       digits == 2 ? run_amx<8, 2>(p, q, m_rows, n, o) : run_amx<8, 1>(p, q, m_rows, n, o);
     else
@@ -362,10 +455,11 @@ at::Tensor quant_dot_linear(const at::Tensor& x, const at::Tensor& codes, const 
     return out;
   }
 #endif
+  const float* xf = x.data_ptr<float>();
   if (bits == 8)
-    digits == 2 ? run<8, 2>(p, q, m_rows, n, o) : run<8, 1>(p, q, m_rows, n, o);
+    digits == 2 ? run<8, 2>(p, xf, q, m_rows, n, o) : run<8, 1>(p, xf, q, m_rows, n, o);
   else
-    digits == 2 ? run<4, 2>(p, q, m_rows, n, o) : run<4, 1>(p, q, m_rows, n, o);
+    digits == 2 ? run<4, 2>(p, xf, q, m_rows, n, o) : run<4, 1>(p, xf, q, m_rows, n, o);
 #endif
   return out;
 }
