@@ -10,9 +10,10 @@
 // see decode_calls.py's flat_arguments for their order. bf16_dot: paged attention's (cpu_decode.BF16_DOT).
 //
 // copy_mode: 0, every matmul through the int8-activation kernel (quant_dot_linear); 1, through the bf16 copies
-// (bf16_amx_linear, or bf16_dot_linear without AMX; copies: 4 a layer, qkv, o, gate_up, down), fp32 out; 2, as 1 but gate/up hands bf16 rows to
-// SiLU-and-mul and down (quant_linear.BF16_ACTIVATIONS). What QuantLinear.forward and GatedMLP.forward pick for a
-// step of BF16_COPY_FROM_ROWS+ rows; decode_calls.run picks it per step. prefetch: that op's prefetch_bytes.
+// (bf16_amx_linear, or bf16_dot_linear without AMX; copies: 4 a layer, qkv, o, gate_up, down), fp32 out; 2, as 1
+// but gate/up hands bf16 rows to SiLU-and-mul and down (quant_linear.BF16_ACTIVATIONS). What QuantLinear.forward and
+// GatedMLP.forward pick for a step of BF16_COPY_FROM_ROWS+ rows; decode_calls.run picks it per step. prefetch: that
+// op's prefetch_bytes.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>

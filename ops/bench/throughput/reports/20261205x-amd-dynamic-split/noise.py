@@ -1,6 +1,8 @@
 # Mimics serving load beside the engine: wakes every 5 ms and burns ~0.5 ms (about 10% of one core), like the
 # gateway/client/NATS waking per token batch.
-import time, sys
+import sys
+import time
+
 end = time.time() + float(sys.argv[1])
 busy = 0.0
 while time.time() < end:
