@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ferry.bench.quant_decode import all_position_logits
+from ferry.kernels import cpu_prefill
 from ferry.kernels import quant_linear as kernels
 from ferry.kernels.cpu_decode import kernel
 from ferry.kernels.quant_ref import quantize
@@ -78,14 +79,17 @@ def test_a_quantized_prompt_attends_and_multiplies_in_bf16_and_agrees_with_fp32_
     monkeypatch.setattr(kernels, "BF16_ACTIVATIONS", False)
     fp32_between = all_position_logits(lm, ids)
     monkeypatch.setattr(kernels, "BF16_ACTIVATIONS", True)
-    seen: list[torch.dtype] = []
-    sdpa = F.scaled_dot_product_attention
+    seen: list[torch.dtype] = []  # the dtype prompt attention ran in, through torch's SDPA or our C++ kernel
 
-    def spy(q, *args, **kwargs):
-        seen.append(q.dtype)
-        return sdpa(q, *args, **kwargs)
+    def spy(attend):
+        def attend_and_note(q, *args, **kwargs):
+            seen.append(q.dtype)
+            return attend(q, *args, **kwargs)
 
-    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+        return attend_and_note
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy(F.scaled_dot_product_attention))
+    monkeypatch.setattr(cpu_prefill, "prefill_attention", spy(cpu_prefill.prefill_attention))
     bf16_between = all_position_logits(lm, ids)
     expected = torch.bfloat16 if bf16_expected else torch.float32
     assert seen and set(seen) == {expected}  # prompt attention in bf16 from BF16_COPY_FROM_ROWS rows only
