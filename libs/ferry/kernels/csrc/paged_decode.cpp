@@ -245,6 +245,27 @@ inline void group_rows(Scratch<R>& s, int64_t group, int64_t n, int64_t dim, int
 // One (sequence, KV head): out[g] = softmax(q_g K^T * scale) V over the visible tokens, one tile of
 // kTile tokens at a time, reading each K/V row once for all G query rows. kD/kDv: head sizes fixed
 // at compile time for the common shapes, 0 = read them at run time.
+// The tile loop of both decode attention paths (attend, attend_bf16): per kTile tokens of the item, the prefetch
+// targets ahead (tile_ahead), the tile's K and V row addresses, scores(n, num_ahead) (q.K into s.scores, prefetching
+// num_ahead targets), each query row's online softmax into s.acc (rows of width dim_v), then values(n) (P.V into
+// s.acc). The item's softmax state is reset first.
+template <typename T, typename R, typename Scores, typename Values>
+inline void tiles(const Item& it, const Item* following, const CacheView<T>& k, const CacheView<T>& v, int64_t bs,
+                  int64_t group, int64_t dim_v, Scratch<R>& s, Scores&& scores, Values&& values) {
+  s.start_item();
+  const int64_t num_tiles = (it.len - it.first + kTile - 1) / kTile;
+  for (int64_t t0 = it.first, tile = 0; t0 < it.len; t0 += kTile, ++tile) {
+    const int64_t n = std::min(kTile, it.len - t0);
+    const int64_t num_ahead = tile_ahead(it, following, tile, num_tiles, k, v, bs, s.ahead.data());
+    tile_rows(it, k, bs, t0, n, s.krows.data(), s.kbuf.data());
+    tile_rows(it, v, bs, t0, n, s.vrows.data(), s.vbuf.data());
+    scores(n, num_ahead);
+    for (int64_t g = 0; g < group; ++g)
+      softmax_tile(s.scores.data() + g * kTile, n, s.acc.data() + g * dim_v, dim_v, s.max[g], s.sum[g]);
+    values(n);
+  }
+}
+
 template <typename T, typename R, int kD, int kDv>
 void attend(const Item& it, const Item* following, const CacheView<T>& k, const CacheView<T>& v, int64_t bs,
             int64_t group, float scale, Scratch<R>& s) {
@@ -253,19 +274,13 @@ void attend(const Item& it, const Item* following, const CacheView<T>& k, const 
   // rows of R read as value / kWidenScale (fp8): the queries and the output take the factor back
   const float q_scale = scale * kWidenScale<R>;
   for (int64_t i = 0; i < group * dim; ++i) s.q[i] = it.q[i] * q_scale;
-  s.start_item();
-  const int64_t num_tiles = (it.len - it.first + kTile - 1) / kTile;
-  for (int64_t t0 = it.first, tile = 0; t0 < it.len; t0 += kTile, ++tile) {
-    const int64_t n = std::min(kTile, it.len - t0);
-    const int64_t num_ahead = tile_ahead(it, following, tile, num_tiles, k, v, bs, s.ahead.data());
-    tile_rows(it, k, bs, t0, n, s.krows.data(), s.kbuf.data());
-    tile_rows(it, v, bs, t0, n, s.vrows.data(), s.vbuf.data());
-    // the group's query rows kMaxQueryRows at a time: each K and V row is read once per run of rows
-    group_rows<kD, R>(s, group, n, dim, dim_v, s.ahead.data(), num_ahead, k_bytes, v_bytes, false);
-    for (int64_t g = 0; g < group; ++g)
-      softmax_tile(s.scores.data() + g * kTile, n, s.acc.data() + g * dim_v, dim_v, s.max[g], s.sum[g]);
-    group_rows<kD, R>(s, group, n, dim, dim_v, s.ahead.data(), 0, k_bytes, v_bytes, true);
-  }
+  // the group's query rows kMaxQueryRows at a time: each K and V row is read once per run of rows
+  tiles(
+      it, following, k, v, bs, group, dim_v, s,
+      [&](int64_t n, int64_t num_ahead) {
+        group_rows<kD, R>(s, group, n, dim, dim_v, s.ahead.data(), num_ahead, k_bytes, v_bytes, false);
+      },
+      [&](int64_t n) { group_rows<kD, R>(s, group, n, dim, dim_v, s.ahead.data(), 0, k_bytes, v_bytes, true); });
   for (int64_t g = 0; g < group; ++g) {
     const float inv = kWidenScale<R> / s.sum[g];
     for (int64_t d = 0; d < dim_v; ++d) it.out[g * dim_v + d] = s.acc[g * dim_v + d] * inv;

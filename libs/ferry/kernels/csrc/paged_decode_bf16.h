@@ -153,19 +153,15 @@ void attend_bf16(const Item& it, const Item* following, const CacheView<c10::BFl
   static_assert(kD % 64 == 0);
   const int64_t row_bytes = kD * 2;
   for (int64_t i = 0; i < group * kD; ++i) s.qb[i] = to_bf16(it.q[i] * scale).bits;
-  s.start_item();
-  const int64_t num_tiles = (it.len - it.first + kTile - 1) / kTile;
-  for (int64_t t0 = it.first, tile = 0; t0 < it.len; t0 += kTile, ++tile) {
-    const int64_t n = std::min(kTile, it.len - t0);
-    const int64_t num_ahead = tile_ahead(it, following, tile, num_tiles, k, v, bs, s.ahead.data());
-    tile_rows(it, k, bs, t0, n, s.krows.data(), s.kbuf.data());
-    tile_rows(it, v, bs, t0, n, s.vrows.data(), s.vbuf.data());
-    group_rows_bf16<kD>(s, group, n, s.ahead.data(), num_ahead, row_bytes, false);
-    for (int64_t g = 0; g < group; ++g)
-      softmax_tile(s.scores.data() + g * kTile, n, s.acc.data() + g * kD, kD, s.max[g], s.sum[g]);
-    weights_to_bf16(s, group, n);
-    group_rows_bf16<kD>(s, group, n, s.ahead.data(), 0, row_bytes, true);
-  }
+  tiles(
+      it, following, k, v, bs, group, kD, s,
+      [&](int64_t n, int64_t num_ahead) {
+        group_rows_bf16<kD>(s, group, n, s.ahead.data(), num_ahead, row_bytes, false);
+      },
+      [&](int64_t n) {
+        weights_to_bf16(s, group, n);
+        group_rows_bf16<kD>(s, group, n, s.ahead.data(), 0, row_bytes, true);
+      });
   for (int64_t g = 0; g < group; ++g) {  // out of unpack order: position 16h + 4L + m of a block is 8L + 4h + m
     const float inv = 1.f / s.sum[g];
     const float* acc = s.acc.data() + g * kD;
